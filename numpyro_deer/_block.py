@@ -1,0 +1,215 @@
+"""Blocks of MALA draws: solved by DEER, buffered in the state, handed out one by one.
+
+A *block* is ``B`` consecutive MALA transitions after warmup, with the step size
+and mass matrix fixed. It is computed at once by :func:`refill_block` and kept in
+the kernel state as a :class:`BlockBuffer`; :func:`emit_draw` turns buffer entry
+``k`` into the kernel state after that draw. ``numpyro.infer.MCMC`` calls the
+kernel once per draw and so emits entries one at a time; the block driver
+(:class:`numpyro_deer.MCMC`) emits a whole block per loop iteration from the same
+buffer, so both hand out the same chain.
+
+The block is solved in whitened coordinates ``w = L^{-1} x`` (``M = L L^T`` the
+inverse mass matrix adapted in warmup), where MALA with preconditioner ``M``
+becomes MALA with the identity (Roberts and Stramer, 2002). A block whose DEER
+solve does not pass is recomputed with the sequential scan of the same tape, so
+its draws are exact either way, and ``deer_converged`` says which happened.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+from jax import Array
+
+from ._mala import Gate, make_step_fn, make_tape, sequential_chain
+from ._newton import DEERSolver, NewtonInfo, deer_solve
+
+
+class BlockBuffer(NamedTuple):
+    """A solved block of draws, kept in the kernel state.
+
+    Attributes:
+        z: the draws, flat unconstrained coordinates, shape ``(B, D)``.
+        potential_energy, accept_prob, diverging: per draw, shape ``(B,)``.
+        accept_sum: running sum of ``accept_prob`` within the block.
+        index: how many entries have been handed out.
+        key_bits: raw bits of the state's key right after the refill; a state
+            whose key differs (``MCMC.run`` replaced it) refills first.
+        start_i, start_mean_accept_prob: the state's ``i`` and
+            ``mean_accept_prob`` before the block.
+        info: the DEER solve of the block.
+    """
+
+    z: Array
+    potential_energy: Array
+    accept_prob: Array
+    diverging: Array
+    accept_sum: Array
+    index: Array
+    key_bits: Array
+    start_i: Array
+    start_mean_accept_prob: Array
+    info: NewtonInfo
+
+
+class DEERMALAState(NamedTuple):
+    """State of :class:`~numpyro_deer.DEERMALA`, one per draw.
+
+    Attributes:
+        i: iteration, counting warmup.
+        z: latent values (unconstrained), a dict keyed by site name.
+        potential_energy: potential energy at ``z``.
+        accept_prob: acceptance probability of the step that produced ``z``.
+        mean_accept_prob: running mean of ``accept_prob`` over the current
+            phase (warmup or sampling).
+        diverging: the step's proposal had a non-finite potential (rejected).
+        newton_iterations: Newton iterations of the block the draw came from
+            (0 in warmup).
+        deer_converged: whether that block's DEER solve passed; ``False`` means
+            the block was computed sequentially instead (draws still exact).
+        adapt_state: NumPyro's ``HMCAdaptState`` (step size, mass matrix).
+        rng_key: random key.
+        block: the buffer of the current block (internal).
+    """
+
+    i: Array
+    z: Any
+    potential_energy: Array
+    accept_prob: Array
+    mean_accept_prob: Array
+    diverging: Array
+    newton_iterations: Array
+    deer_converged: Array
+    adapt_state: Any
+    rng_key: Array
+    block: BlockBuffer
+
+
+def key_bits(rng_key: Array) -> Array:
+    """Raw ``uint32`` bits of a raw or typed PRNG key."""
+    if jnp.issubdtype(rng_key.dtype, jax.dtypes.prng_key):
+        return jax.random.key_data(rng_key)
+    return rng_key
+
+
+def mass_matrix_sqrt(inverse_mass_matrix: Array) -> Array:
+    """``L`` with ``L L^T`` the inverse mass matrix (diagonal or dense)."""
+    if inverse_mass_matrix.ndim == 1:
+        return jnp.sqrt(inverse_mass_matrix)
+    return jnp.linalg.cholesky(inverse_mass_matrix)
+
+
+def _whiten(potential_flat: Callable[[Array], Array], mass_sqrt: Array):
+    """Potential of ``w = L^{-1} x`` and the map back to ``x``."""
+
+    def to_x(w):
+        return mass_sqrt * w if mass_sqrt.ndim == 1 else mass_sqrt @ w
+
+    def potential_w(w):
+        return potential_flat(to_x(w))
+
+    return potential_w, to_x
+
+
+def _to_w(mass_sqrt: Array, x: Array) -> Array:
+    if mass_sqrt.ndim == 1:
+        return x / mass_sqrt
+    return jax.scipy.linalg.solve_triangular(mass_sqrt, x, lower=True)
+
+
+def empty_block(block_size: int, z_flat: Array, rng_key: Array) -> BlockBuffer:
+    """A buffer with nothing left to hand out (``index == B``)."""
+    zeros = jnp.zeros((block_size,), z_flat.dtype)
+    int_zero = jnp.zeros((), jnp.int32)
+    info = NewtonInfo(
+        int_zero, int_zero, jnp.ones((), bool), int_zero, zeros[0], jnp.zeros((), bool)
+    )
+    return BlockBuffer(
+        z=jnp.zeros((block_size,) + z_flat.shape, z_flat.dtype),
+        potential_energy=zeros,
+        accept_prob=zeros,
+        diverging=jnp.zeros((block_size,), bool),
+        accept_sum=zeros,
+        index=jnp.full((), block_size, jnp.int32),
+        key_bits=jnp.zeros_like(key_bits(rng_key)),
+        start_i=jnp.zeros((), jnp.int32),
+        start_mean_accept_prob=zeros[0],
+        info=info,
+    )
+
+
+def needs_refill(state: DEERMALAState) -> Array:
+    """The buffer is used up, or the state's key is not the one it was made with."""
+    block = state.block
+    exhausted = block.index >= block.z.shape[0]
+    return exhausted | jnp.any(key_bits(state.rng_key) != block.key_bits)
+
+
+def refill_block(
+    state: DEERMALAState,
+    potential_flat: Callable[[Array], Array],
+    ravel: Callable[[Any], Array],
+    solver: DEERSolver,
+    gate: Gate,
+) -> DEERMALAState:
+    """Solve the next block from ``state.z`` with a fresh tape; ``index = 0``."""
+    block_size = state.block.z.shape[0]
+    rng_key, key_tape, key_probe = jax.random.split(state.rng_key, 3)
+    adapt = state.adapt_state
+    mass_sqrt = mass_matrix_sqrt(adapt.inverse_mass_matrix)
+    potential_w, to_x = _whiten(potential_flat, mass_sqrt)
+    w0 = _to_w(mass_sqrt, ravel(state.z))
+    tape = make_tape(key_tape, block_size, w0.shape[0], w0.dtype)
+    step_fn = make_step_fn(potential_w, adapt.step_size, None, gate)
+    w, step_info, info = deer_solve(step_fn, w0, tape, key_probe, solver)
+
+    def sequential(_):
+        return sequential_chain(potential_w, w0, tape, adapt.step_size)
+
+    w, step_info = jax.lax.cond(
+        info.converged, lambda _: (w, step_info), sequential, None
+    )
+    accept_prob = step_info.accept_prob
+    block = BlockBuffer(
+        z=jax.vmap(to_x)(w),
+        potential_energy=step_info.potential_energy,
+        accept_prob=accept_prob,
+        diverging=step_info.diverging,
+        accept_sum=jnp.cumsum(accept_prob),
+        index=jnp.zeros((), jnp.int32),
+        key_bits=key_bits(rng_key),
+        start_i=jnp.asarray(state.i, jnp.int32),
+        start_mean_accept_prob=state.mean_accept_prob,
+        info=info,
+    )
+    return state._replace(rng_key=rng_key, block=block)
+
+
+def emit_draw(
+    state: DEERMALAState,
+    k: Array,
+    unravel: Callable[[Array], Any],
+    num_warmup: int,
+) -> DEERMALAState:
+    """The state after handing out buffer entry ``k`` (``index = k + 1``)."""
+    block = state.block
+    i = block.start_i + k + 1
+    # running mean over the sampling phase, as NumPyro's kernels keep it
+    done_before = (block.start_i - num_warmup).astype(block.accept_sum.dtype)
+    mean_accept_prob = (
+        block.start_mean_accept_prob * done_before + block.accept_sum[k]
+    ) / (done_before + k + 1)
+    return state._replace(
+        i=i,
+        z=unravel(block.z[k]),
+        potential_energy=block.potential_energy[k],
+        accept_prob=block.accept_prob[k],
+        mean_accept_prob=mean_accept_prob,
+        diverging=block.diverging[k],
+        newton_iterations=block.info.iterations,
+        deer_converged=block.info.converged,
+        block=block._replace(index=jnp.asarray(k + 1, jnp.int32)),
+    )

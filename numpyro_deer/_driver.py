@@ -1,0 +1,304 @@
+"""``numpyro_deer.MCMC``: a drop-in ``numpyro.infer.MCMC`` advancing a block per loop.
+
+Stock ``MCMC`` calls the kernel once per draw; on a GPU that loop alone costs
+more than a sequential MALA step (``../DESIGN.md`` section 3). For a block kernel
+(one with ``block_refill`` and ``block_emit``, such as
+:class:`~numpyro_deer.DEERMALA`) this driver instead
+
+* runs warmup as a compiled loop of the kernel's own ``sample`` (so warmup is
+  exactly what stock ``MCMC`` does), in chunks for the progress bar;
+* then, per loop iteration, refills the kernel's block (one DEER solve), maps
+  NumPyro's postprocess over all its draws with :func:`jax.vmap`, and scatters
+  them into the collection at the slots stock ``MCMC`` would use, thinning
+  included.
+
+The states, the collection and ``last_state`` are those stock ``MCMC`` builds, so
+``get_samples``, ``print_summary``, ``extra_fields``, ``warmup``/``run``,
+``post_warmup_state`` and ``arviz.from_numpyro`` behave the same, and the draws
+are the same for the same key. Kernels that are not block kernels run through
+the stock loop. Compiled loop functions are cached on the object, so a second
+``run`` with the same shapes does not recompile.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import jax
+import jax.numpy as jnp
+import numpyro.infer
+import tqdm
+
+from . import _numpyro_compat as compat
+
+
+class DEERConvergenceWarning(UserWarning):
+    """Some blocks' DEER solve did not pass and were computed sequentially."""
+
+
+def is_block_kernel(kernel) -> bool:
+    """Whether ``kernel`` offers the block protocol the driver uses."""
+    names = ("block_warmup", "block_refill", "block_emit", "block_size")
+    return all(hasattr(kernel, name) for name in names)
+
+
+def _collection_slots(n, start_idx, thinning, valid, size):
+    """Slot of loop iteration ``n`` in the collection, as ``fori_collect`` places it.
+
+    ``fori_collect`` writes iteration ``n`` to slot ``(n - start_idx) // thinning``
+    and later iterations overwrite earlier ones, so a slot keeps the last
+    iteration of its thinning group. Anything else goes to ``size`` (dropped).
+    """
+    offset = n - start_idx
+    keep = valid & (offset >= 0) & (offset % thinning == thinning - 1)
+    return jnp.where(keep, offset // thinning, size)
+
+
+def _scatter(collection, slots, values):
+    return jax.tree.map(
+        lambda c, v: c.at[slots].set(v.astype(c.dtype), mode="drop"), collection, values
+    )
+
+
+class MCMC(numpyro.infer.MCMC):
+    """``numpyro.infer.MCMC`` with a fast path for block kernels.
+
+    Same constructor, methods and results as :class:`numpyro.infer.MCMC`. With
+    a :class:`~numpyro_deer.DEERMALA` kernel it advances one block of draws per
+    loop iteration; other kernels run exactly as in NumPyro.
+
+    Example:
+        >>> from numpyro_deer import DEERMALA, MCMC
+        >>> mcmc = MCMC(DEERMALA(model), num_warmup=1000, num_samples=100_000)
+        >>> mcmc.run(jax.random.PRNGKey(0), X, y)  # doctest: +SKIP
+    """
+
+    def __init__(self, sampler, **kwargs):
+        super().__init__(sampler, **kwargs)
+        self._block_fns = {}
+
+    def __getstate__(self):
+        state = super().__getstate__()
+        state["_block_fns"] = {}
+        return state
+
+    # ------------------------------------------------------------- loop fns
+    def _loop_fns(self, collect_fields, remove_sites, batched, start_idx, size):
+        key = (collect_fields, remove_sites, batched, start_idx, size, self.thinning)
+        if self._jit_model_args:
+            key += (None,)
+        else:
+            try:
+                key += (tuple(map(id, jax.tree.leaves((self._args, self._kwargs)))),)
+            except TypeError:  # pragma: no cover - unhashable args: no caching
+                key = None
+        if key is not None and key in self._block_fns:
+            return self._block_fns[key]
+
+        kernel = self.sampler
+        transform = compat.collect_transform(
+            compat.postprocess_fn(self), collect_fields, remove_sites
+        )
+        jit_args = self._jit_model_args
+        bound = (self._args, self._kwargs)
+        thinning = self.thinning
+
+        def collected(state, args, kwargs):
+            return transform((state, args, kwargs) if jit_args else (state,))
+
+        def warmup_loop(state, collection, n0, n1, args, kwargs):
+            args, kwargs = (args, kwargs) if jit_args else bound
+
+            def body(n, carry):
+                state, collection = carry
+                state = kernel.block_warmup(state, args, kwargs, batched=batched)
+                slot = _collection_slots(n, start_idx, thinning, True, size)
+                value = jax.tree.map(lambda x: x[None], collected(state, args, kwargs))
+                return state, _scatter(collection, slot[None], value)
+
+            return jax.lax.fori_loop(n0, n1, body, (state, collection))
+
+        def block_step(state, collection, done, stats, n_offset, total, args, kwargs):
+            args, kwargs = (args, kwargs) if jit_args else bound
+            state = kernel.block_refill(state, args, kwargs, batched=batched)
+            block_size = kernel.block_size
+            index = state.block.index[0] if batched else state.block.index
+            k = jnp.arange(block_size)
+            draws = jax.vmap(
+                lambda k: collected(
+                    kernel.block_emit(state, k, batched=batched), args, kwargs
+                )
+            )(k)
+            sample_n = done + k - index
+            valid = (k >= index) & (sample_n < total)
+            slots = _collection_slots(
+                n_offset + sample_n, start_idx, thinning, valid, size
+            )
+            collection = _scatter(collection, slots, draws)
+            consumed = jnp.minimum(block_size - index, total - done)
+            state = kernel.block_emit(state, index + consumed - 1, batched=batched)
+            info = state.block.info
+            fresh = index == 0
+            stats = (
+                stats[0] + fresh.astype(jnp.int32),
+                stats[1]
+                + jnp.where(fresh, jnp.sum(~info.converged, dtype=jnp.int32), 0),
+            )
+            return state, collection, done + consumed, stats
+
+        def run_all(state, collection, n_warmup, total, args, kwargs):
+            state, collection = warmup_loop(
+                state, collection, 0, n_warmup, args, kwargs
+            )
+            zero = jnp.zeros((), jnp.int32)
+
+            def body(carry):
+                return block_step(*carry, n_warmup, total, args, kwargs)
+
+            state, collection, _, stats = jax.lax.while_loop(
+                lambda c: c[2] < total, body, (state, collection, zero, (zero, zero))
+            )
+            return state, collection, stats
+
+        fns = (
+            jax.jit(warmup_loop, donate_argnums=1),
+            jax.jit(block_step, donate_argnums=1),
+            run_all,
+            jax.jit(run_all, donate_argnums=1),
+            collected,
+        )
+        if key is not None:
+            self._block_fns[key] = fns
+        return fns
+
+    # ------------------------------------------------------------------ run
+    def _single_chain_mcmc(self, init, args, kwargs, collect_fields, remove_sites):
+        if not is_block_kernel(self.sampler):
+            return super()._single_chain_mcmc(
+                init, args, kwargs, collect_fields, remove_sites
+            )
+        compat.check_mcmc_internals(self)
+        rng_key, init_state, init_params = init
+        if init_state is None or getattr(self.sampler, "_sample_fn", None) is None:
+            new_state = self.sampler.init(
+                rng_key,
+                self.num_warmup,
+                init_params,
+                model_args=args,
+                model_kwargs=kwargs,
+            )
+            init_state = new_state if init_state is None else init_state
+        lower, upper, size, phase = compat.collection_params(self)
+        thinning = self.thinning
+        size = (upper - lower) // thinning if size is None else size // thinning
+        start_idx = lower + (upper - lower) % thinning
+        batched = jnp.ndim(init_state.i) > 0
+        n_warmup = self._num_warmup_iterations(init_state, upper)
+        warmup_fn, block_fn, run_all, run_all_jit, collected = self._loop_fns(
+            collect_fields, remove_sites, batched, start_idx, size
+        )
+        proto = jax.eval_shape(collected, init_state, args, kwargs)
+        collection = jax.tree.map(
+            lambda s: jnp.zeros((size,) + s.shape, s.dtype), proto
+        )
+        total = upper - n_warmup
+        if isinstance(init_state.i, jax.core.Tracer):
+            # inside pmap or jit: one compiled loop, no progress bar
+            state, collection, _ = run_all(
+                init_state, collection, n_warmup, total, args, kwargs
+            )
+        elif not self.progress_bar:
+            state, collection, stats = run_all_jit(
+                init_state, collection, _i32(n_warmup), _i32(total), args, kwargs
+            )
+            _warn_failed_blocks(stats)
+        else:
+            state, collection = self._run_with_progress(
+                warmup_fn,
+                block_fn,
+                init_state,
+                collection,
+                n_warmup,
+                total,
+                phase,
+                args,
+                kwargs,
+            )
+        if len(collect_fields) == 1:
+            collection = (collection,)
+        return dict(zip(collect_fields, collection, strict=True)), state
+
+    def _num_warmup_iterations(self, state, upper: int) -> int:
+        """Loop iterations that are warmup steps for this ``run``."""
+        if isinstance(state.i, jax.core.Tracer):
+            start = self.num_warmup if compat.has_post_warmup_state(self) else 0
+        else:
+            start = int(jnp.min(state.i))
+        return max(0, min(upper, self.num_warmup - start))
+
+    def _run_with_progress(
+        self,
+        warmup_fn,
+        block_fn,
+        state,
+        collection,
+        n_warmup,
+        total,
+        phase,
+        args,
+        kwargs,
+    ):
+        """Warmup in about 20 chunks, then one block per call, with a tqdm bar."""
+        bar = tqdm.tqdm(total=n_warmup + total, unit="draws", dynamic_ncols=True)
+        with bar:
+            bar.set_description(phase or "warmup")
+            chunk = max(1, -(-n_warmup // 20))
+            for n0 in range(0, n_warmup, chunk):
+                n1 = min(n_warmup, n0 + chunk)
+                state, collection = warmup_fn(
+                    state, collection, _i32(n0), _i32(n1), args, kwargs
+                )
+                bar.update(n1 - n0)
+                bar.set_postfix_str(
+                    f"acc. prob={float(jnp.mean(state.mean_accept_prob)):.2f}",
+                    refresh=False,
+                )
+            bar.set_description(phase or "sample")
+            done, stats = _i32(0), (_i32(0), _i32(0))
+            while int(done) < total:
+                before = int(done)
+                state, collection, done, stats = block_fn(
+                    state,
+                    collection,
+                    done,
+                    stats,
+                    _i32(n_warmup),
+                    _i32(total),
+                    args,
+                    kwargs,
+                )
+                bar.update(int(done) - before)
+                bar.set_postfix_str(
+                    f"newton its={int(jnp.max(state.block.info.iterations))} "
+                    f"acc. prob={float(jnp.mean(state.mean_accept_prob)):.2f}",
+                    refresh=False,
+                )
+        _warn_failed_blocks(stats)
+        return state, collection
+
+
+def _i32(n) -> jax.Array:
+    return jnp.asarray(n, jnp.int32)
+
+
+def _warn_failed_blocks(stats) -> None:
+    blocks, failed = (int(s) for s in stats)
+    if failed:
+        warnings.warn(
+            f"DEER did not converge on {failed} of {blocks} blocks; those blocks were "
+            "computed with the sequential scan of the same tape, so the draws are "
+            "exact, but slow. Try a smaller block_size, a larger max_iter, "
+            "adapt_mass_matrix=True or gate='sigmoid' (docs: choosing options).",
+            DEERConvergenceWarning,
+            stacklevel=5,
+        )

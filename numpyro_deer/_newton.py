@@ -1,0 +1,331 @@
+r"""The DEER Newton solver for a taped recursion ``s_t = f_t(s_{t-1})``.
+
+Stack the trajectory ``S = (s_1, ..., s_T)`` of a block. Newton's method on the
+residual ``s_t - f_t(s_{t-1})`` from an iterate ``S^(i)`` gives the linear
+recursion (Lim et al., 2024; Zoltowski et al., 2025)
+
+.. math::
+
+    s_t^{(i+1)} = J_t s_{t-1}^{(i+1)} + f_t(s_{t-1}^{(i)}) - J_t s_{t-1}^{(i)},
+
+with ``J_t`` a Jacobian approximation of ``f_t`` at ``s_{t-1}^{(i)}`` (see
+:mod:`numpyro_deer._jacobian`), solved by an associative scan.
+
+**Stopping, front and certificate.** Each iteration first evaluates
+``F_t = f_t(s_{t-1})`` at the current iterate; the residual
+``r_t = s_t - F_t`` is the Newton update of the first unconverged step and the
+quantity the certificate bounds. Step ``t`` passes when
+``|r_t| <= atol + rtol |F_t|`` elementwise. The *front* is the number of leading
+steps that pass: those states are frozen (never changed again) and, because
+each was checked against its frozen predecessor, the returned block is a MALA
+chain up to the reported residual. The first unfrozen step is then set to
+``F_t`` exactly, so the front grows by at least one step per iteration and the
+first ``k`` states are exact after ``k`` iterations, whatever ``J`` is.
+
+**Windowing.** An iteration works on ``window`` steps starting at the front;
+``window = T`` is plain DEER. A smaller window does less work per iteration and
+advances with the front.
+
+There is one iteration body (:func:`_newton_iteration`); the solver loops it
+under :func:`jax.lax.while_loop` with no host synchronisation.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+from jax import Array
+
+from ._jacobian import JacobianStrategy, StepFn, StochasticDiagonalJacobian
+
+
+@dataclass(frozen=True)
+class DEERSolver:
+    """Settings of the parallel Newton solve of one block.
+
+    Attributes:
+        jacobian: the Jacobian strategy object.
+        atol, rtol: a step passes when ``|s_t - f_t(s_{t-1})| <= atol +
+            rtol |f_t(s_{t-1})|`` in every coordinate. ``None`` picks a default
+            from the dtype: ``(1e-5, 1e-4)`` in float32, ``(1e-10, 1e-8)`` in
+            float64.
+        max_iter: Newton iterations per solve.
+        max_solves: solves per block; each restarts from the front, keeping
+            the iterate as the initial guess. A block still unfinished after
+            ``max_iter * max_solves`` iterations reports ``converged=False``.
+        damping: ``J_t`` is scaled by ``1 - damping`` (``0`` is plain Newton).
+        window: steps per iteration; ``None`` uses the whole block.
+    """
+
+    jacobian: JacobianStrategy = field(default_factory=StochasticDiagonalJacobian)
+    atol: float | None = None
+    rtol: float | None = None
+    max_iter: int = 100
+    max_solves: int = 10
+    damping: float = 0.0
+    window: int | None = None
+
+    def __post_init__(self):
+        for name in ("max_iter", "max_solves"):
+            value = getattr(self, name)
+            if not (isinstance(value, int) and value >= 1):
+                raise ValueError(f"DEERSolver({name}={value!r}): use an integer >= 1.")
+        if not 0.0 <= self.damping < 1.0:
+            raise ValueError(
+                f"DEERSolver(damping={self.damping!r}): damping must be in [0, 1)."
+            )
+        if self.window is not None and not (
+            isinstance(self.window, int) and self.window >= 1
+        ):
+            raise ValueError(
+                f"DEERSolver(window={self.window!r}): use None or an integer >= 1."
+            )
+        for name in ("atol", "rtol"):
+            value = getattr(self, name)
+            if value is not None and not value >= 0:
+                raise ValueError(f"DEERSolver({name}={value!r}): must be >= 0.")
+
+    def tolerances(self, dtype) -> tuple[float, float]:
+        """``(atol, rtol)`` for the given dtype."""
+        wide = jnp.finfo(dtype).bits >= 64
+        atol = (1e-10 if wide else 1e-5) if self.atol is None else self.atol
+        rtol = (1e-8 if wide else 1e-4) if self.rtol is None else self.rtol
+        return atol, rtol
+
+
+class NewtonInfo(NamedTuple):
+    """Outcome of a solve; failures are reported here, never hidden.
+
+    Attributes:
+        iterations: Newton iterations taken (all solves).
+        solves: solves taken (restarts from the front plus one).
+        converged: every step of the block passed.
+        front: number of leading steps that passed (exact states).
+        residual: ``max_t |s_t - f_t(s_{t-1})|`` over the passed steps: the
+            certificate of the returned block.
+        nonfinite: an iterate or step value became non-finite; the solve
+            stopped there and the front marks what is still exact.
+    """
+
+    iterations: Array
+    solves: Array
+    converged: Array
+    front: Array
+    residual: Array
+    nonfinite: Array
+
+
+class _Carry(NamedTuple):
+    states: Array  # (T + W + 1, D): states[0] = s_0, states[t] = s_t, then padding
+    aux: Any  # per-step info of the certifying evaluation, leading axis T + W
+    front: Array
+    iteration: Array
+    residual: Array
+    nonfinite: Array
+
+
+def _newton_iteration(
+    step_fn: StepFn,
+    solver: DEERSolver,
+    tape: Any,
+    num_steps: int,
+    window: int,
+    key: Array,
+    carry: _Carry,
+) -> _Carry:
+    """One Newton iteration on the window that starts at the front."""
+    front = carry.front
+    dtype = carry.states.dtype
+    atol, rtol = solver.tolerances(dtype)
+
+    prev = jax.lax.dynamic_slice_in_dim(carry.states, front, window)
+    cur = jax.lax.dynamic_slice_in_dim(carry.states, front + 1, window)
+    tape_w = jax.tree.map(
+        lambda x: jax.lax.dynamic_slice_in_dim(x, front, window), tape
+    )
+    lin = solver.jacobian.linearize(
+        step_fn, prev, tape_w, jax.random.fold_in(key, carry.iteration)
+    )
+    values = lin.values
+
+    index = jnp.arange(window)
+    valid = front + index < num_steps
+    error = jnp.abs(cur - values)
+    passed = jnp.all(error <= atol + rtol * jnp.abs(values), axis=-1) | ~valid
+    num_passed = jnp.sum(jnp.cumprod(passed.astype(jnp.int32)), dtype=jnp.int32)
+    frozen = (index < num_passed) & valid
+    residual = jnp.maximum(
+        carry.residual, jnp.max(jnp.where(frozen, jnp.max(error, axis=-1), 0.0))
+    )
+    aux_w = jax.tree.map(
+        lambda x: jax.lax.dynamic_slice_in_dim(x, front, window), carry.aux
+    )
+    aux_w = jax.tree.map(
+        lambda new, old: jnp.where(
+            frozen.reshape((-1,) + (1,) * (new.ndim - 1)), new, old
+        ),
+        lin.aux,
+        aux_w,
+    )
+
+    # Linear step. Frozen steps map to their own value (A = 0, b = s_t); the
+    # first unfrozen step starts from a frozen predecessor, so it is F_t exactly.
+    J = lin.jacobian * (1.0 - solver.damping)
+    if solver.jacobian.structure == "dense":
+        offset = values - jnp.einsum("tij,tj->ti", J, prev)
+    else:
+        offset = values - J * prev
+    fixed = (index <= num_passed)[:, None]
+    b = jnp.where(index[:, None] < num_passed, cur, jnp.where(fixed, values, offset))
+    A = jnp.where(fixed[..., None] if J.ndim == 3 else fixed, 0.0, J)
+    new_cur = solver.jacobian.scan(A, b)
+
+    nonfinite = carry.nonfinite | ~jnp.all(jnp.isfinite(new_cur) | ~valid[:, None])
+    states = jax.lax.dynamic_update_slice_in_dim(carry.states, new_cur, front + 1, 0)
+    aux = jax.tree.map(
+        lambda full, part: jax.lax.dynamic_update_slice_in_dim(full, part, front, 0),
+        carry.aux,
+        aux_w,
+    )
+    return _Carry(
+        states=states,
+        aux=aux,
+        front=jnp.minimum(front + num_passed, num_steps),
+        iteration=carry.iteration + 1,
+        residual=residual,
+        nonfinite=nonfinite,
+    )
+
+
+def _initial_carry(
+    step_fn: StepFn,
+    x0: Array,
+    tape: Any,
+    window: int,
+    init_states: Array | None,
+) -> tuple[_Carry, Any]:
+    """The starting carry and the tape padded by one window of zeros."""
+    num_steps = jax.tree.leaves(tape)[0].shape[0]
+    if init_states is None:
+        init_states = jnp.broadcast_to(x0, (num_steps,) + x0.shape)
+    states = jnp.concatenate(
+        [x0[None], init_states, jnp.broadcast_to(x0, (window,) + x0.shape)]
+    )
+    padded_tape = jax.tree.map(
+        lambda x: jnp.concatenate([x, jnp.zeros((window,) + x.shape[1:], x.dtype)]),
+        tape,
+    )
+    _, aux_shape = jax.eval_shape(step_fn, x0, jax.tree.map(lambda x: x[0], tape))
+    aux = jax.tree.map(
+        lambda s: jnp.zeros((num_steps + window,) + s.shape, s.dtype), aux_shape
+    )
+    zero = jnp.zeros((), jnp.int32)
+    carry = _Carry(
+        states, aux, zero, zero, jnp.zeros((), x0.dtype), jnp.zeros((), bool)
+    )
+    return carry, padded_tape
+
+
+def deer_solve(
+    step_fn: StepFn,
+    x0: Array,
+    tape: Any,
+    key: Array,
+    solver: DEERSolver = DEERSolver(),
+    init_states: Array | None = None,
+) -> tuple[Array, Any, NewtonInfo]:
+    """Solve a block of ``T`` taped steps from ``x0`` in parallel.
+
+    Runs solves of at most ``solver.max_iter`` iterations, each restarting at
+    the front with the current iterate, until the block passes, a solve makes
+    no progress, an iterate turns non-finite, or ``solver.max_solves`` solves
+    are spent.
+
+    Args:
+        step_fn: ``(x, tape_t) -> (x_new, aux)``, the taped step.
+        x0: the fixed state ``s_0``, shape ``(D,)``.
+        tape: the tape, a pytree of arrays with leading axis ``T``.
+        key: key for stochastic Jacobian strategies (kept apart from the tape).
+        solver: the solver settings.
+        init_states: initial guess ``(T, D)``; default ``x0`` repeated.
+
+    Returns:
+        ``(states, aux, info)``: ``s_1..s_T``; the step infos of the
+        certifying evaluation; a :class:`NewtonInfo`. Only ``states[:front]``
+        is exact when ``info.converged`` is false.
+    """
+    num_steps = jax.tree.leaves(tape)[0].shape[0]
+    window = num_steps if solver.window is None else min(solver.window, num_steps)
+    carry, padded_tape = _initial_carry(step_fn, x0, tape, window, init_states)
+
+    def iteration(c):
+        return _newton_iteration(
+            step_fn, solver, padded_tape, num_steps, window, key, c
+        )
+
+    def one_solve(outer):
+        carry, solves, _ = outer
+        start_front = carry.front
+        stop_at = carry.iteration + solver.max_iter
+
+        def go_on(c):
+            return (c.front < num_steps) & (c.iteration < stop_at) & ~c.nonfinite
+
+        carry = jax.lax.while_loop(go_on, iteration, carry)
+        return carry, solves + 1, carry.front > start_front
+
+    def more_solves(outer):
+        carry, solves, progressed = outer
+        return (
+            (carry.front < num_steps)
+            & (solves < solver.max_solves)
+            & progressed
+            & ~carry.nonfinite
+        )
+
+    zero = jnp.zeros((), jnp.int32)
+    carry, solves, _ = jax.lax.while_loop(
+        more_solves, one_solve, (carry, zero, jnp.ones((), bool))
+    )
+    info = NewtonInfo(
+        iterations=carry.iteration,
+        solves=solves,
+        converged=carry.front >= num_steps,
+        front=carry.front,
+        residual=carry.residual,
+        nonfinite=carry.nonfinite,
+    )
+    aux = jax.tree.map(lambda x: x[:num_steps], carry.aux)
+    return carry.states[1 : num_steps + 1], aux, info
+
+
+def newton_iterates(
+    step_fn: StepFn,
+    x0: Array,
+    tape: Any,
+    key: Array,
+    num_iterations: int,
+    solver: DEERSolver = DEERSolver(),
+) -> Array:
+    """The first ``num_iterations`` Newton iterates, for diagnostics and figures.
+
+    The same iteration body as :func:`deer_solve`, under a fixed-length
+    :func:`jax.lax.scan` over the whole block (no window, no stopping).
+
+    Returns:
+        The iterates ``S^(1) .. S^(k)``, shape ``(num_iterations, T, D)``.
+    """
+    num_steps = jax.tree.leaves(tape)[0].shape[0]
+    carry, padded_tape = _initial_carry(step_fn, x0, tape, num_steps, None)
+
+    def body(c, _):
+        c = _newton_iteration(
+            step_fn, solver, padded_tape, num_steps, num_steps, key, c
+        )
+        return c, c.states[1 : num_steps + 1]
+
+    _, iterates = jax.lax.scan(body, carry, None, length=num_iterations)
+    return iterates

@@ -1,0 +1,398 @@
+"""NumPyro models shared by the benchmarks, the tests and the examples.
+
+Every model here is a plain NumPyro model function, written the way a user
+would write it, paired with a data generator that has a fixed seed and returns
+``(args, kwargs)`` ready for ``mcmc.run(rng_key, *args, **kwargs)``:
+
+```python
+from numpyro_deer.models import BENCHMARK_MODELS
+
+bench = BENCHMARK_MODELS["eight_schools"]
+args, kwargs = bench.make_data()
+mcmc.run(jax.random.PRNGKey(0), *args, **kwargs)
+```
+
+Conventions:
+
+* Plate sizes are read from array shapes, never from Python integers passed as
+  arguments, so every model also works with ``MCMC(..., jit_model_args=True)``.
+* Data generators draw with NumPy's ``default_rng(seed)`` and return JAX arrays
+  in JAX's default dtypes (float32, or float64 under ``jax_enable_x64``).
+* ``BenchmarkModel.latent_dim`` is the size of the flattened *unconstrained*
+  latent vector at the generator's default size, i.e. the dimension the MALA
+  chain lives in.
+
+The targets whose posterior is known exactly (small conjugate models and the
+ill-conditioned Gaussian), used to test samplers, are defined in
+``numpyro_deer._closed_form`` and re-exported here.
+"""
+
+from collections.abc import Callable
+from functools import partial
+from typing import NamedTuple
+
+import jax.numpy as jnp
+import numpy as np
+import numpyro
+import numpyro.distributions as dist
+from jax import Array, lax
+from jax.typing import ArrayLike
+
+from numpyro_deer._closed_form import (
+    ModelData,
+    PosteriorMoments,
+    beta_bernoulli,
+    beta_bernoulli_posterior,
+    dirichlet_categorical,
+    dirichlet_categorical_posterior,
+    gaussian_mean_model,
+    gaussian_mean_posterior,
+    ill_conditioned_covariance,
+    ill_conditioned_gaussian,
+    ill_conditioned_gaussian_posterior,
+    make_beta_bernoulli_data,
+    make_dirichlet_categorical_data,
+    make_gaussian_mean_data,
+    make_ill_conditioned_gaussian_data,
+)
+
+__all__ = [
+    "BENCHMARK_MODELS",
+    "EIGHT_SCHOOLS_SIGMA",
+    "EIGHT_SCHOOLS_Y",
+    "BenchmarkModel",
+    "ModelData",
+    "PosteriorMoments",
+    "beta_bernoulli",
+    "beta_bernoulli_posterior",
+    "dirichlet_categorical",
+    "dirichlet_categorical_posterior",
+    "eight_schools",
+    "gaussian_mean_model",
+    "gaussian_mean_posterior",
+    "hierarchical_logistic_regression",
+    "ill_conditioned_covariance",
+    "ill_conditioned_gaussian",
+    "ill_conditioned_gaussian_posterior",
+    "logistic_regression",
+    "make_beta_bernoulli_data",
+    "make_dirichlet_categorical_data",
+    "make_eight_schools_data",
+    "make_gaussian_mean_data",
+    "make_hierarchical_logistic_data",
+    "make_ill_conditioned_gaussian_data",
+    "make_logistic_regression_data",
+    "make_stochastic_volatility_data",
+    "stochastic_volatility",
+]
+
+
+class BenchmarkModel(NamedTuple):
+    """A model of the benchmark registry.
+
+    Attributes:
+        name: Key of the model in `BENCHMARK_MODELS`.
+        model: The NumPyro model function.
+        make_data: ``make_data(seed=0, **size) -> (args, kwargs)``; the size
+            keywords are those of the underlying ``make_*_data`` function.
+        latent_dim: Dimension of the unconstrained latent space at the default
+            size of ``make_data``.
+        description: One line describing the model and its size.
+    """
+
+    name: str
+    model: Callable[..., None]
+    make_data: Callable[..., ModelData]
+    latent_dim: int
+    description: str
+
+
+# --------------------------------------------------------------------------
+# Eight schools (Rubin 1981; Gelman et al., Bayesian Data Analysis, 5.5)
+# --------------------------------------------------------------------------
+
+EIGHT_SCHOOLS_Y = (28.0, 8.0, -3.0, 7.0, -1.0, 1.0, 18.0, 12.0)
+"""Estimated treatment effects of the eight schools."""
+EIGHT_SCHOOLS_SIGMA = (15.0, 10.0, 16.0, 11.0, 9.0, 11.0, 10.0, 18.0)
+"""Standard errors of the eight estimated effects."""
+
+
+def eight_schools(sigma: ArrayLike, y: ArrayLike | None = None) -> None:
+    """Eight schools, non-centred parameterisation.
+
+    ``mu ~ N(0, 5)``, ``tau ~ HalfCauchy(5)``, ``theta_tilde[j] ~ N(0, 1)``,
+    ``theta = mu + tau * theta_tilde`` (deterministic site ``theta``) and
+    ``y[j] ~ N(theta[j], sigma[j])``. Latent dimension: number of schools + 2.
+
+    Args:
+        sigma: Known standard errors, shape ``(num_schools,)``.
+        y: Observed effects, shape ``(num_schools,)``; ``None`` samples them.
+    """
+    num_schools = jnp.shape(sigma)[0]
+    mu = numpyro.sample("mu", dist.Normal(0.0, 5.0))
+    tau = numpyro.sample("tau", dist.HalfCauchy(5.0))
+    with numpyro.plate("schools", num_schools):
+        theta_tilde = numpyro.sample("theta_tilde", dist.Normal(0.0, 1.0))
+        theta = numpyro.deterministic("theta", mu + tau * theta_tilde)
+        numpyro.sample("y", dist.Normal(theta, sigma), obs=y)
+
+
+def make_eight_schools_data(seed: int = 0) -> ModelData:
+    """The classic eight-schools data (fixed; ``seed`` is accepted and unused).
+
+    Returns:
+        ``((sigma,), {"y": y})``.
+    """
+    del seed  # the data are the published ones
+    return (jnp.asarray(EIGHT_SCHOOLS_SIGMA),), {"y": jnp.asarray(EIGHT_SCHOOLS_Y)}
+
+
+# --------------------------------------------------------------------------
+# Logistic regression
+# --------------------------------------------------------------------------
+
+
+def logistic_regression(X: ArrayLike, y: ArrayLike | None = None) -> None:
+    """Bayesian logistic regression with an intercept.
+
+    ``intercept ~ N(0, 1)``, ``weights ~ N(0, I)`` (one ``.to_event(1)`` site)
+    and ``y[n] ~ Bernoulli(logits=intercept + X[n] @ weights)``. Latent
+    dimension: number of features + 1.
+
+    Args:
+        X: Design matrix, shape ``(num_obs, num_features)``, without a column
+            of ones.
+        y: Binary labels, shape ``(num_obs,)``; ``None`` samples them.
+    """
+    num_obs, num_features = jnp.shape(X)
+    intercept = numpyro.sample("intercept", dist.Normal(0.0, 1.0))
+    weights = numpyro.sample(
+        "weights", dist.Normal(0.0, 1.0).expand([num_features]).to_event(1)
+    )
+    logits = intercept + jnp.asarray(X) @ weights
+    with numpyro.plate("data", num_obs):
+        numpyro.sample("y", dist.Bernoulli(logits=logits), obs=y)
+
+
+def make_logistic_regression_data(
+    seed: int = 0, num_obs: int = 1_000, num_features: int = 24
+) -> ModelData:
+    """Synthetic data for `logistic_regression`.
+
+    Features are standard normal; the true intercept is 0.5 and the true
+    weights are ``N(0, 4 / num_features)``, so the true logits have a standard
+    deviation of about 2 whatever the number of features (not separable).
+
+    Args:
+        seed: Seed of NumPy's generator.
+        num_obs: Number of observations.
+        num_features: Number of features; the latent dimension is one more.
+
+    Returns:
+        ``((X,), {"y": y})``.
+    """
+    rng = np.random.default_rng(seed)
+    X = rng.standard_normal((num_obs, num_features))
+    weights = rng.standard_normal(num_features) * 2.0 / np.sqrt(num_features)
+    logits = 0.5 + X @ weights
+    y = rng.random(num_obs) < 1.0 / (1.0 + np.exp(-logits))
+    return (jnp.asarray(X),), {"y": jnp.asarray(y.astype(np.int32))}
+
+
+# --------------------------------------------------------------------------
+# Hierarchical logistic regression (radon-like sizes: 85 groups)
+# --------------------------------------------------------------------------
+
+
+def hierarchical_logistic_regression(
+    X: ArrayLike,
+    group: ArrayLike,
+    group_covariate: ArrayLike,
+    y: ArrayLike | None = None,
+) -> None:
+    """Logistic regression with non-centred varying intercepts per group.
+
+    ``mu_a ~ N(0, 1)``, ``sigma_a ~ HalfNormal(1)``, ``gamma ~ N(0, 1)``,
+    ``beta ~ N(0, I)``, ``a_raw[g] ~ N(0, 1)``,
+    ``a = mu_a + gamma * group_covariate + sigma_a * a_raw`` (deterministic site
+    ``a``) and ``y[n] ~ Bernoulli(logits=a[group[n]] + X[n] @ beta)``. This is
+    the shape of the radon model of Gelman and Hill with a county-level
+    predictor. Latent dimension: number of groups + number of features + 3.
+
+    Args:
+        X: Individual-level features, shape ``(num_obs, num_features)``.
+        group: Group index in ``[0, num_groups)`` of each observation, shape
+            ``(num_obs,)``.
+        group_covariate: Group-level predictor, shape ``(num_groups,)``; its
+            length sets the number of groups.
+        y: Binary labels, shape ``(num_obs,)``; ``None`` samples them.
+    """
+    num_obs, num_features = jnp.shape(X)
+    num_groups = jnp.shape(group_covariate)[0]
+    mu_a = numpyro.sample("mu_a", dist.Normal(0.0, 1.0))
+    sigma_a = numpyro.sample("sigma_a", dist.HalfNormal(1.0))
+    gamma = numpyro.sample("gamma", dist.Normal(0.0, 1.0))
+    beta = numpyro.sample(
+        "beta", dist.Normal(0.0, 1.0).expand([num_features]).to_event(1)
+    )
+    with numpyro.plate("groups", num_groups):
+        a_raw = numpyro.sample("a_raw", dist.Normal(0.0, 1.0))
+        a = numpyro.deterministic("a", mu_a + gamma * group_covariate + sigma_a * a_raw)
+    logits = a[jnp.asarray(group)] + jnp.asarray(X) @ beta
+    with numpyro.plate("data", num_obs):
+        numpyro.sample("y", dist.Bernoulli(logits=logits), obs=y)
+
+
+def make_hierarchical_logistic_data(
+    seed: int = 0, num_obs: int = 2_000, num_groups: int = 85, num_features: int = 3
+) -> ModelData:
+    """Synthetic data for `hierarchical_logistic_regression`.
+
+    Group sizes are unbalanced, as counties are in the radon data: every group
+    has at least one observation and the rest are spread with log-normal
+    weights. True values: ``mu_a = -0.5``, ``sigma_a = 0.8``, ``gamma = 0.7``,
+    ``beta ~ N(0, 0.25)``.
+
+    Args:
+        seed: Seed of NumPy's generator.
+        num_obs: Number of observations (at least ``num_groups``).
+        num_groups: Number of groups.
+        num_features: Number of individual-level features.
+
+    Returns:
+        ``((X, group, group_covariate), {"y": y})``.
+    """
+    if num_obs < num_groups:
+        raise ValueError(f"num_obs={num_obs} must be at least num_groups={num_groups}")
+    rng = np.random.default_rng(seed)
+    weights = rng.lognormal(0.0, 1.0, num_groups)
+    extra = rng.choice(num_groups, size=num_obs - num_groups, p=weights / weights.sum())
+    group = rng.permutation(np.concatenate([np.arange(num_groups), extra]))
+    X = rng.standard_normal((num_obs, num_features))
+    group_covariate = rng.standard_normal(num_groups)
+    a = -0.5 + 0.7 * group_covariate + 0.8 * rng.standard_normal(num_groups)
+    beta = 0.5 * rng.standard_normal(num_features)
+    logits = a[group] + X @ beta
+    y = rng.random(num_obs) < 1.0 / (1.0 + np.exp(-logits))
+    args = (jnp.asarray(X), jnp.asarray(group), jnp.asarray(group_covariate))
+    return args, {"y": jnp.asarray(y.astype(np.int32))}
+
+
+# --------------------------------------------------------------------------
+# Stochastic volatility (Kim, Shephard and Chib 1998; Stan User's Guide 2.5)
+# --------------------------------------------------------------------------
+
+
+def _stationary_ar1(phi: Array, one_minus_phi_sq: Array, eps: Array) -> Array:
+    """AR(1) path ``x[t] = phi * x[t-1] + eps[t]`` started at stationarity."""
+
+    def step(previous: Array, innovation: Array) -> tuple[Array, Array]:
+        current = phi * previous + innovation
+        return current, current
+
+    first = eps[0] / jnp.sqrt(one_minus_phi_sq)
+    _, rest = lax.scan(step, first, eps[1:])
+    return jnp.concatenate([first[None], rest])
+
+
+def stochastic_volatility(returns: ArrayLike) -> None:
+    """Stochastic volatility model with a latent AR(1) log variance.
+
+    ``mu ~ N(0, 1)`` (mean log variance), ``phi_raw ~ Beta(20, 1.5)`` with
+    persistence ``phi = 2 phi_raw - 1`` in (-1, 1), ``sigma ~ HalfNormal(1)``,
+    non-centred innovations ``eps[t] ~ N(0, 1)``, log variance
+    ``h = mu + sigma * x`` with ``x`` the stationary AR(1) path driven by
+    ``eps`` (built with ``lax.scan``), and ``returns[t] ~ N(0, exp(h[t] / 2))``.
+    Latent dimension: number of time steps + 3.
+
+    Args:
+        returns: Observed returns, shape ``(num_steps,)``.
+    """
+    num_steps = jnp.shape(returns)[0]
+    mu = numpyro.sample("mu", dist.Normal(0.0, 1.0))
+    phi_raw = numpyro.sample("phi_raw", dist.Beta(20.0, 1.5))
+    phi = numpyro.deterministic("phi", 2.0 * phi_raw - 1.0)
+    sigma = numpyro.sample("sigma", dist.HalfNormal(1.0))
+    with numpyro.plate("time", num_steps):
+        eps = numpyro.sample("eps", dist.Normal(0.0, 1.0))
+        # 1 - phi^2 = 4 phi_raw (1 - phi_raw), without cancellation near phi = 1.
+        path = _stationary_ar1(phi, 4.0 * phi_raw * (1.0 - phi_raw), eps)
+        h = numpyro.deterministic("h", mu + sigma * path)
+        numpyro.sample("returns", dist.Normal(0.0, jnp.exp(h / 2.0)), obs=returns)
+
+
+def make_stochastic_volatility_data(seed: int = 0, num_steps: int = 200) -> ModelData:
+    """Synthetic returns from `stochastic_volatility`'s generative process.
+
+    True values: ``mu = -1``, ``phi = 0.95``, ``sigma = 0.25``.
+
+    Args:
+        seed: Seed of NumPy's generator.
+        num_steps: Number of time steps; the latent dimension is 3 more.
+
+    Returns:
+        ``((returns,), {})``.
+    """
+    rng = np.random.default_rng(seed)
+    mu, phi, sigma = -1.0, 0.95, 0.25
+    x = np.empty(num_steps)
+    x[0] = rng.standard_normal() / np.sqrt(1.0 - phi**2)
+    for t in range(1, num_steps):
+        x[t] = phi * x[t - 1] + rng.standard_normal()
+    h = mu + sigma * x
+    returns = np.exp(h / 2.0) * rng.standard_normal(num_steps)
+    return (jnp.asarray(returns),), {}
+
+
+# --------------------------------------------------------------------------
+# Registry
+# --------------------------------------------------------------------------
+
+BENCHMARK_MODELS: dict[str, BenchmarkModel] = {
+    bench.name: bench
+    for bench in (
+        BenchmarkModel(
+            "eight_schools",
+            eight_schools,
+            make_eight_schools_data,
+            10,
+            "Eight schools, non-centred (8 schools, D=10).",
+        ),
+        BenchmarkModel(
+            "logistic_regression",
+            logistic_regression,
+            make_logistic_regression_data,
+            25,
+            "Logistic regression, N=1,000, 24 features + intercept (D=25).",
+        ),
+        BenchmarkModel(
+            "logistic_regression_large",
+            logistic_regression,
+            partial(make_logistic_regression_data, num_obs=10_000, num_features=99),
+            100,
+            "Logistic regression, N=10,000, 99 features + intercept (D=100).",
+        ),
+        BenchmarkModel(
+            "hierarchical_logistic_regression",
+            hierarchical_logistic_regression,
+            make_hierarchical_logistic_data,
+            91,
+            "Hierarchical logistic regression, 85 groups, N=2,000 (D=91).",
+        ),
+        BenchmarkModel(
+            "stochastic_volatility",
+            stochastic_volatility,
+            make_stochastic_volatility_data,
+            203,
+            "Stochastic volatility, AR(1) log variance, T=200 (D=203).",
+        ),
+        BenchmarkModel(
+            "ill_conditioned_gaussian",
+            ill_conditioned_gaussian,
+            make_ill_conditioned_gaussian_data,
+            50,
+            "Gaussian with a random rotation, condition number 1,000 (D=50).",
+        ),
+    )
+}
+"""The benchmark models by name."""

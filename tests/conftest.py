@@ -1,0 +1,35 @@
+"""Session-wide test configuration.
+
+The environment variables below must be set before JAX is first imported, so
+this block stays at the very top of the file:
+
+* ``XLA_FLAGS=--xla_force_host_platform_device_count=8`` exposes eight CPU
+  devices, so ``chain_method="parallel"`` can be tested without accelerators.
+  The flag is appended to any ``XLA_FLAGS`` already set.
+* ``JAX_PLATFORMS=cpu`` unless the caller chose a platform; run the ``gpu``
+  tests with e.g. ``JAX_PLATFORMS=cuda python -m pytest -m gpu``.
+
+Float64 is enabled for the whole test session (never in the package itself):
+tests compare DEER against the sequential chain, and in float32 an accept
+decision within rounding of its threshold can make two valid chains part ways.
+"""
+
+import os
+
+_DEVICE_COUNT_FLAG = "--xla_force_host_platform_device_count=8"
+_xla_flags = os.environ.get("XLA_FLAGS", "")
+if "xla_force_host_platform_device_count" not in _xla_flags:
+    os.environ["XLA_FLAGS"] = f"{_xla_flags} {_DEVICE_COUNT_FLAG}".strip()
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+import jax  # noqa: E402
+import pytest  # noqa: E402
+from numpyro.util import set_rng_seed  # noqa: E402
+
+jax.config.update("jax_enable_x64", True)
+
+
+@pytest.fixture(autouse=True)
+def _seed_global_rngs() -> None:
+    """Seed NumPy's and Python's global generators before every test."""
+    set_rng_seed(0)
