@@ -152,10 +152,14 @@ def refill_block(
     state: DEERMALAState,
     potential_flat: Callable[[Array], Array],
     ravel: Callable[[Any], Array],
-    solver: DEERSolver,
+    solver: DEERSolver | None,
     gate: Gate,
 ) -> DEERMALAState:
-    """Solve the next block from ``state.z`` with a fresh tape; ``index = 0``."""
+    """Solve the next block from ``state.z`` with a fresh tape; ``index = 0``.
+
+    ``solver=None`` computes the block with the sequential scan of the same
+    tape (the reference, and a user-selectable method).
+    """
     block_size = state.block.z.shape[0]
     rng_key, key_tape, key_probe = jax.random.split(state.rng_key, 3)
     adapt = state.adapt_state
@@ -163,15 +167,19 @@ def refill_block(
     potential_w, to_x = _whiten(potential_flat, mass_sqrt)
     w0 = _to_w(mass_sqrt, ravel(state.z))
     tape = make_tape(key_tape, block_size, w0.shape[0], w0.dtype)
-    step_fn = make_step_fn(potential_w, adapt.step_size, None, gate)
-    w, step_info, info = deer_solve(step_fn, w0, tape, key_probe, solver)
 
     def sequential(_):
         return sequential_chain(potential_w, w0, tape, adapt.step_size)
 
-    w, step_info = jax.lax.cond(
-        info.converged, lambda _: (w, step_info), sequential, None
-    )
+    if solver is None:
+        w, step_info = sequential(None)
+        info = empty_block(1, w0, rng_key).info
+    else:
+        step_fn = make_step_fn(potential_w, adapt.step_size, None, gate)
+        w, step_info, info = deer_solve(step_fn, w0, tape, key_probe, solver)
+        w, step_info = jax.lax.cond(
+            info.converged, lambda _: (w, step_info), sequential, None
+        )
     accept_prob = step_info.accept_prob
     block = BlockBuffer(
         z=jax.vmap(to_x)(w),

@@ -8,8 +8,8 @@ traces the model once and rejects the features that break this, with an
 `translate_tracer_errors` turns JAX's tracer errors, raised when the potential
 itself is traced, into the same error.
 
-What stock NumPyro 0.22 does with each feature (measured with
-``initialize_model`` and ``NUTS``; the same code paths exist in 0.21):
+What stock NumPyro does with each feature (measured with ``initialize_model``
+and ``NUTS`` on NumPyro 0.22.0 and 0.21.0, which behave alike, and JAX 0.10.2):
 
 * Discrete latent site, without funsor installed: ``initialize_model`` raises
   ``ImportError("Looking like you want to do inference for models with

@@ -90,6 +90,9 @@ class DEERMALA(MCMCKernel):
         init_strategy: NumPyro initialization strategy.
         atol, rtol, max_iter, max_solves, damping, window: the Newton solver,
             see :class:`numpyro_deer.DEERSolver`.
+        method: ``"deer"`` (parallel Newton) or ``"sequential"``: the same
+            taped chain computed by :func:`jax.lax.scan`, one step after the
+            other (the reference; useful on CPU and for checking).
         validate_model: check the model for unsupported features at init.
     """
 
@@ -117,6 +120,7 @@ class DEERMALA(MCMCKernel):
         max_solves: int = 10,
         damping: float = 0.0,
         window: int | None = None,
+        method: str = "deer",
         validate_model: bool = True,
     ):
         if (model is None) == (potential_fn is None):
@@ -147,6 +151,11 @@ class DEERMALA(MCMCKernel):
             damping=damping,
             window=window,
         )
+        if method not in ("deer", "sequential"):
+            raise ValueError(
+                f"method={method!r}: use 'deer' (parallel Newton) or 'sequential'."
+            )
+        self._method = method
         self._gate = _gate_from_name(gate)
         self._model = model
         self._potential_fn = potential_fn
@@ -326,7 +335,8 @@ class DEERMALA(MCMCKernel):
         ravel = lambda z: ravel_pytree(z)[0]  # noqa: E731
 
         def refill(s):
-            return refill_block(s, potential_flat, ravel, self._solver, self._gate)
+            solver = self._solver if self._method == "deer" else None
+            return refill_block(s, potential_flat, ravel, solver, self._gate)
 
         if batched:
             need = jnp.any(jax.vmap(needs_refill)(state))

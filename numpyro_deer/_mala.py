@@ -115,12 +115,12 @@ class SigmoidGate:
 
     def tangent(self, margin, y, x, d_log_a, dy, dx):
         finite = jnp.isfinite(margin)
-        s = jax.nn.sigmoid(jnp.where(finite, margin, -jnp.inf) / self.temperature)
-        # A rejected non-finite proposal has s = 0 exactly; its d_log_a may be
-        # non-finite and must not leak into the tangent through 0 * inf.
-        ds = jnp.where(finite, s * (1 - s) / self.temperature * d_log_a, 0.0)
-        dy = jnp.where(finite, dy, 0.0)
-        return s * dy + (1 - s) * dx + (y - x) * ds
+        s = jax.nn.sigmoid(jnp.where(finite, margin, 0.0) / self.temperature)
+        ds = s * (1 - s) / self.temperature * d_log_a
+        mixed = s * dy + (1 - s) * dx + (y - x) * ds
+        # A proposal with a non-finite ratio is rejected outright: its tangent
+        # is that of staying put, and nothing non-finite from y leaks in.
+        return jnp.where(finite, mixed, dx)
 
 
 Gate = HardGate | SigmoidGate

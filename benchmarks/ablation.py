@@ -1,0 +1,223 @@
+"""Ablation of the DEER solver settings on the benchmark models.
+
+For each model: one warmup with ``DEERMALA`` (sequential MALA with NumPyro's
+adaptation), then consecutive blocks from the post-warmup state under each
+variant, changing one setting at a time from the baseline. Reports Newton
+iterations per block, how many blocks converged, time per block and the speed-up
+over the sequential scan of the same tape (``method="sequential"``).
+
+Run from the repository root::
+
+    PYTHONPATH=. python benchmarks/ablation.py                      # small, CPU
+    PYTHONPATH=. python benchmarks/ablation.py --block-size 16384 \\
+        --blocks 3 --json benchmarks/results/ablation_h200.json      # H200
+
+The table is printed last; full results go to ``--json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import numpyro
+from jax.flatten_util import ravel_pytree
+
+from numpyro_deer import DEERMALA, MCMC
+from numpyro_deer._block import empty_block
+from numpyro_deer.models import BENCHMARK_MODELS
+
+# one factor at a time, from the baseline (the kernel's defaults)
+VARIANTS: dict[str, dict] = {
+    "baseline": {},
+    "gate=sigmoid(1)": {"gate": "sigmoid"},
+    "gate=sigmoid(0.25)": {"gate": ("sigmoid", 0.25)},
+    "probes=2": {"num_probes": 2},
+    "probes=4": {"num_probes": 4},
+    "clip=none": {"clip": None},
+    "clip=0.5": {"clip": 0.5},
+    "damping=0.3": {"damping": 0.3},
+    "tol=loose": {"atol": 1e-4, "rtol": 1e-3},
+    "jacobian=diag": {"jacobian": "diag"},
+    "mass=identity": {"mass": "identity"},
+    "mass=dense": {"mass": "dense"},
+    "window=B/8": {"window": 8},
+    "block=B/4": {"block": 0.25},
+    "block=4B": {"block": 4},
+}
+
+
+def _kernel(model, block_size, options):
+    from numpyro_deer import SigmoidGate
+
+    options = dict(options)
+    options.pop("mass", None)
+    options.pop("block", None)
+    window = options.pop("window", None)
+    gate = options.pop("gate", "hard")
+    if isinstance(gate, tuple):
+        gate = SigmoidGate(temperature=gate[1])
+    return DEERMALA(
+        model,
+        block_size=block_size,
+        gate=gate,
+        window=None if window is None else block_size // window,
+        **options,
+    )
+
+
+def _warmup(model, args, kwargs, num_warmup, dense, seed):
+    kernel = DEERMALA(model, block_size=16, dense_mass=dense)
+    mcmc = MCMC(kernel, num_warmup=num_warmup, num_samples=16, progress_bar=False)
+    mcmc.warmup(jax.random.PRNGKey(seed), *args, **kwargs)
+    return mcmc.post_warmup_state
+
+
+def _blocks_fn(kernel, args, kwargs, num_blocks):
+    """Jitted: ``num_blocks`` consecutive refills; returns per-block infos."""
+
+    def run(state):
+        def body(state, _):
+            block = state.block
+            size = jnp.asarray(block.z.shape[0], jnp.int32)
+            state = state._replace(block=block._replace(index=size))
+            state = kernel.block_refill(state, args, kwargs)
+            state = kernel.block_emit(state, state.block.z.shape[0] - 1)
+            info = state.block.info
+            return state, (
+                info.iterations,
+                info.converged,
+                state.block.accept_prob.mean(),
+            )
+
+        return jax.lax.scan(body, state, None, length=num_blocks)
+
+    return jax.jit(run)
+
+
+def _time(fn, state, repeats):
+    out = fn(state)  # compile
+    jax.block_until_ready(out)
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        out = fn(state)
+        jax.block_until_ready(out)
+        times.append(time.perf_counter() - t0)
+    return float(np.median(times)), out
+
+
+def run_model(name, args_ns):
+    spec = BENCHMARK_MODELS[name]
+    args, kwargs = spec.make_data(0)
+    base_b = args_ns.block_size
+    warm = {False: _warmup(spec.model, args, kwargs, args_ns.warmup, False, 0)}
+    rows = []
+    variants = args_ns.variants or list(VARIANTS)
+    seq_time = {}
+    for variant in ["sequential"] + variants:
+        options = {} if variant == "sequential" else dict(VARIANTS[variant])
+        if variant == "sequential":
+            options["method"] = "sequential"
+        if options.get("jacobian") == "diag" and spec.latent_dim > args_ns.max_diag_dim:
+            continue
+        block_size = int(base_b * options.get("block", 1))
+        mass = options.get("mass", "diag")
+        if mass == "dense" and True not in warm:
+            warm[True] = _warmup(spec.model, args, kwargs, args_ns.warmup, True, 0)
+        state = warm[mass == "dense"]
+        if mass == "identity":
+            adapt = state.adapt_state
+            state = state._replace(
+                adapt_state=adapt._replace(
+                    inverse_mass_matrix=jnp.ones_like(adapt.inverse_mass_matrix)
+                )
+            )
+        kernel = _kernel(spec.model, block_size, options)
+        kernel.init(jax.random.PRNGKey(1), 0, state.z, args, kwargs)
+        z_flat = ravel_pytree(state.z)[0]
+        state = state._replace(block=empty_block(block_size, z_flat, state.rng_key))
+        num_blocks = max(1, int(args_ns.blocks * base_b // block_size))
+        fn = _blocks_fn(kernel, args, kwargs, num_blocks)
+        try:
+            seconds, (_, (iters, conv, acc)) = _time(fn, state, args_ns.repeats)
+        except Exception as err:  # noqa: BLE001 - report, e.g. out of memory
+            rows.append({"model": name, "variant": variant, "error": repr(err)[:300]})
+            print(f"{name:28s} {variant:20s} ERROR {repr(err)[:120]}", flush=True)
+            continue
+        per_draw = seconds / (num_blocks * block_size)
+        if variant == "sequential":
+            seq_time[block_size] = per_draw
+        seq = seq_time.get(base_b)
+        row = {
+            "model": name,
+            "variant": variant,
+            "dim": spec.latent_dim,
+            "block_size": block_size,
+            "num_blocks": num_blocks,
+            "iterations": np.asarray(iters).tolist(),
+            "converged": np.asarray(conv).tolist(),
+            "accept": float(np.mean(acc)),
+            "step_size": float(state.adapt_state.step_size),
+            "seconds": seconds,
+            "us_per_draw": per_draw * 1e6,
+            "speedup_vs_sequential": (seq / per_draw) if seq else None,
+        }
+        rows.append(row)
+        print(
+            f"{name:28s} {variant:20s} B={block_size:7d} its={row['iterations']} "
+            f"conv={sum(row['converged'])}/{num_blocks} {per_draw * 1e6:9.2f} us/draw "
+            f"x{row['speedup_vs_sequential'] or 0:.2f}",
+            flush=True,
+        )
+    return rows
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--models", nargs="*", default=list(BENCHMARK_MODELS))
+    parser.add_argument("--variants", nargs="*", default=None)
+    parser.add_argument("--block-size", type=int, default=1024)
+    parser.add_argument("--blocks", type=int, default=2)
+    parser.add_argument("--warmup", type=int, default=500)
+    parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--max-diag-dim", type=int, default=64)
+    parser.add_argument("--json", default="benchmarks/results/ablation.json")
+    ns = parser.parse_args(argv)
+    rows = []
+    for name in ns.models:
+        rows += run_model(name, ns)
+    info = {
+        "jax": jax.__version__,
+        "numpyro": numpyro.__version__,
+        "python": platform.python_version(),
+        "device": str(jax.devices()[0].device_kind),
+        "argv": sys.argv,
+    }
+    os.makedirs(os.path.dirname(ns.json) or ".", exist_ok=True)
+    with open(ns.json, "w") as f:
+        json.dump({"machine": info, "rows": rows}, f, indent=1)
+    print("\n| model | variant | B | median its | converged | us/draw | vs seq |")
+    print("|---|---|---|---|---|---|---|")
+    for r in rows:
+        if "error" in r:
+            print(f"| {r['model']} | {r['variant']} | | error | | | |")
+            continue
+        sp = r["speedup_vs_sequential"]
+        print(
+            f"| {r['model']} | {r['variant']} | {r['block_size']} | "
+            f"{int(np.median(r['iterations']))} | "
+            f"{sum(r['converged'])}/{r['num_blocks']} | {r['us_per_draw']:.2f} | "
+            f"{'' if sp is None else f'{sp:.2f}x'} |"
+        )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,340 @@
+r"""DEER with one block's time axis sharded over several devices.
+
+:func:`~numpyro_deer.deer_solve` puts the whole block of ``T`` steps on one
+device. :func:`sharded_deer_solve` splits the time axis over the ``n`` devices
+of a one-dimensional :class:`jax.sharding.Mesh`: device ``d`` holds the steps
+``d L + 1 .. (d + 1) L`` (``L = T / n``) and runs, inside
+:func:`jax.shard_map`, the same Newton iteration on its slice:
+
+1. **Shift.** Step ``t`` needs ``s_{t-1}``; the first step of a slice takes the
+   last state of the previous device (:func:`jax.lax.ppermute`), device 0 takes
+   ``s_0``.
+2. **Linearise.** The slice's ``f_t`` and ``J_t`` come from the solver's own
+   :meth:`linearize`, so every Jacobian strategy works. A stochastic
+   strategy's probe key is folded with the iteration and the device index, so
+   no two global steps share a probe.
+3. **Stopping test and front.** Each device counts its leading passed steps;
+   the global front is the minimum (:func:`jax.lax.pmin`) of ``d L + passed_d``
+   over the devices whose slice does not pass entirely (``T`` if all pass). The
+   certificate (the largest residual of the newly frozen steps) is reduced
+   with :func:`jax.lax.pmax`. Frozen steps map to themselves
+   (``A = 0, b = s_t``) and the first unfrozen step is ``F_t`` exactly, as in
+   :func:`~numpyro_deer._newton._newton_iteration`, so the front grows by at
+   least one step per iteration and the first ``k`` states are exact after
+   ``k`` iterations.
+4. **Linear step.** The affine recursion ``s_t = A_t s_{t-1} + b_t`` is solved
+   in two levels. A local associative scan gives each step's composed map
+   from the start of the slice, ``s_t = P_t s_in + c_t``; the slice totals
+   ``(P_L, c_L)`` of all devices are all-gathered (``n`` small matrices or
+   vectors), scanned over the devices with the same :func:`scan_diagonal` /
+   :func:`scan_dense`, and device ``d`` applies its incoming state ``s_in``
+   (the end state of device ``d - 1``). Global step 1 always has ``A = 0``
+   (it is frozen or the first unfrozen step), so ``s_0`` never enters the
+   scan, as in the unsharded solver.
+
+Devices exchange ``O(D)`` (diagonal) or ``O(D^2)`` (dense) numbers per
+iteration, whatever ``T``; the work per device is that of a block of ``L``
+steps plus a scan of length ``n``.
+
+The whole block is solved at every iteration (``solver.window`` is ignored: a
+window that follows the front would leave the devices behind it idle).
+Everything else -- tolerances, ``max_iter``, ``max_solves``, ``damping``,
+:class:`~numpyro_deer.NewtonInfo` -- is that of
+:func:`~numpyro_deer.deer_solve`.
+
+The same function runs on several hosts: after :func:`jax.distributed.initialize`
+:func:`jax.devices` lists the devices of all processes and :func:`time_mesh`
+builds the global mesh (see ``docs/scaling.md``).
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import Array
+from jax.sharding import Mesh, PartitionSpec
+
+from ._jacobian import StepFn
+from ._newton import DEERSolver, NewtonInfo
+from ._scan import AffineElement, _combine_dense, _combine_diagonal
+from ._scan import scan_dense, scan_diagonal
+
+try:  # jax >= 0.6.1
+    _shard_map_fn = jax.shard_map
+    _CHECK = {"check_vma": True}
+except AttributeError:  # pragma: no cover - older jax
+    from jax.experimental.shard_map import shard_map as _shard_map_fn
+
+    _CHECK = {"check_rep": False}
+
+
+def _to_varying(x: Array, axis_name: str) -> Array:
+    """Mark a value that is equal on all devices as per-device (for loop carries)."""
+    if hasattr(jax.lax, "pcast"):
+        return jax.lax.pcast(x, axis_name, to="varying")
+    if hasattr(jax.lax, "pvary"):  # pragma: no cover - jax 0.6 / 0.7
+        return jax.lax.pvary(x, axis_name)
+    return x  # pragma: no cover - no varying-axis checks
+
+
+def time_mesh(devices: Any = None, axis_name: str = "time") -> Mesh:
+    """A one-dimensional mesh over ``devices`` for :func:`sharded_deer_solve`.
+
+    Args:
+        devices: a sequence of devices; default all devices of all processes
+            (:func:`jax.devices`), ordered by process and then by id, so each
+            host holds a contiguous stretch of the time axis and only
+            ``num_hosts - 1`` slice boundaries cross hosts.
+        axis_name: name of the mesh axis.
+
+    Returns:
+        ``Mesh(devices, (axis_name,))``.
+    """
+    if devices is None:
+        devices = sorted(jax.devices(), key=lambda d: (d.process_index, d.id))
+    devices = list(devices)
+    if not devices:
+        raise ValueError("time_mesh(devices=[]): give at least one device.")
+    return Mesh(np.array(devices, dtype=object), (axis_name,))
+
+
+class _Carry(NamedTuple):
+    states: Array  # (L, D): this device's s_t
+    aux: Any  # per-step info of the certifying evaluation, leading axis L
+    front: Array  # global front, equal on all devices
+    iteration: Array
+    residual: Array
+    nonfinite: Array
+
+
+def _local_prefix(dense: bool, A: Array, b: Array) -> AffineElement:
+    """All prefix compositions of the slice's affine maps (``P_t``, ``c_t``)."""
+    combine = _combine_dense if dense else _combine_diagonal
+    return jax.lax.associative_scan(jax.vmap(combine), AffineElement(A, b))
+
+
+def _sharded_affine_scan(
+    dense: bool, A: Array, b: Array, axis_name: str, device: Array
+) -> Array:
+    """The recursion ``s_t = A_t s_{t-1} + b_t`` (``s_0 = 0``) over all devices."""
+    prefix = _local_prefix(dense, A, b)
+    totals_A = jax.lax.all_gather(prefix.A[-1], axis_name)  # (n, D) or (n, D, D)
+    totals_b = jax.lax.all_gather(prefix.b[-1], axis_name)  # (n, D)
+    ends = (scan_dense if dense else scan_diagonal)(totals_A, totals_b)
+    incoming = jnp.concatenate([jnp.zeros_like(ends[:1]), ends[:-1]])[device]
+    if dense:
+        return jnp.einsum("tij,j->ti", prefix.A, incoming) + prefix.b
+    return prefix.A * incoming + prefix.b
+
+
+def _sharded_iteration(
+    step_fn: StepFn,
+    solver: DEERSolver,
+    x0: Array,
+    tape: Any,
+    key: Array,
+    axis_name: str,
+    num_devices: int,
+    carry: _Carry,
+) -> _Carry:
+    """One Newton iteration on this device's slice (inside ``shard_map``)."""
+    local_steps = carry.states.shape[0]
+    num_steps = local_steps * num_devices
+    device = jax.lax.axis_index(axis_name)
+    atol, rtol = solver.tolerances(carry.states.dtype)
+    dense = solver.jacobian.structure == "dense"
+    index = device * local_steps + jnp.arange(local_steps)  # global t - 1
+
+    cur = carry.states
+    from_left = jax.lax.ppermute(
+        cur[-1], axis_name, [(i, i + 1) for i in range(num_devices - 1)]
+    )
+    prev = jnp.concatenate([jnp.where(device == 0, x0, from_left)[None], cur[:-1]])
+    probe_key = jax.random.fold_in(key, carry.iteration)
+    if num_devices > 1:
+        probe_key = jax.random.fold_in(probe_key, device)
+    lin = solver.jacobian.linearize(step_fn, prev, tape, probe_key)
+    values = lin.values
+
+    error = jnp.abs(cur - values)
+    passed = jnp.all(error <= atol + rtol * jnp.abs(values), axis=-1)
+    passed = passed | (index < carry.front)
+    num_passed = jnp.sum(jnp.cumprod(passed.astype(jnp.int32)), dtype=jnp.int32)
+    # The front is in the first device whose slice does not pass entirely.
+    local_front = jnp.where(
+        num_passed < local_steps, device * local_steps + num_passed, num_steps
+    )
+    front = jax.lax.pmin(local_front, axis_name)
+    newly = (index >= carry.front) & (index < front)
+    local_residual = jnp.max(jnp.where(newly, jnp.max(error, axis=-1), 0.0))
+    residual = jnp.maximum(carry.residual, jax.lax.pmax(local_residual, axis_name))
+    aux = jax.tree.map(
+        lambda new, old: jnp.where(
+            newly.reshape((-1,) + (1,) * (new.ndim - 1)), new, old
+        ),
+        lin.aux,
+        carry.aux,
+    )
+
+    # Linear step. Frozen steps map to their own value (A = 0, b = s_t); the
+    # first unfrozen step starts from a frozen predecessor, so it is F_t exactly.
+    J = lin.jacobian * (1.0 - solver.damping)
+    if dense:
+        offset = values - jnp.einsum("tij,tj->ti", J, prev)
+    else:
+        offset = values - J * prev
+    fixed = (index <= front)[:, None]
+    b = jnp.where(index[:, None] < front, cur, jnp.where(fixed, values, offset))
+    A = jnp.where(fixed[..., None] if dense else fixed, 0.0, J)
+    new_cur = _sharded_affine_scan(dense, A, b, axis_name, device)
+
+    local_bad = ~jnp.all(jnp.isfinite(new_cur))
+    bad = jax.lax.pmax(local_bad.astype(jnp.int32), axis_name) > 0
+    return _Carry(
+        states=new_cur,
+        aux=aux,
+        front=front,
+        iteration=carry.iteration + 1,
+        residual=residual,
+        nonfinite=carry.nonfinite | bad,
+    )
+
+
+def _check_mesh(mesh: Mesh, axis_name: str, num_steps: int) -> int:
+    if axis_name not in mesh.axis_names:
+        raise ValueError(
+            f"sharded_deer_solve(axis_name={axis_name!r}): the mesh has axes "
+            f"{tuple(mesh.axis_names)}; pass axis_name= one of them or build the "
+            "mesh with time_mesh()."
+        )
+    num_devices = mesh.shape[axis_name]
+    if num_steps % num_devices:
+        lower = num_steps - num_steps % num_devices
+        raise ValueError(
+            f"sharded_deer_solve: the block has T={num_steps} steps, which is not "
+            f"divisible by the {num_devices} devices of mesh axis {axis_name!r}. "
+            f"Set the block size to a multiple of {num_devices} (e.g. "
+            f"{lower or num_devices} or {lower + num_devices}) or use a mesh whose "
+            f"device count divides {num_steps}."
+        )
+    return num_devices
+
+
+def sharded_deer_solve(
+    step_fn: StepFn,
+    x0: Array,
+    tape: Any,
+    key: Array,
+    solver: DEERSolver = DEERSolver(),
+    mesh: Mesh | None = None,
+    axis_name: str = "time",
+    *,
+    init_states: Array | None = None,
+) -> tuple[Array, Any, NewtonInfo]:
+    """Solve a block of ``T`` taped steps in parallel, its time axis over a mesh.
+
+    The contract is that of :func:`~numpyro_deer.deer_solve`: the same result
+    (the same chain, up to the certified tolerance), the same
+    :class:`~numpyro_deer.NewtonInfo` (front, certificate, ``converged``,
+    ``nonfinite``), the same ``max_iter`` / ``max_solves`` loop. A stochastic
+    Jacobian draws other probes than the unsharded solve, so the iteration
+    counts may differ; the chain does not. ``solver.window`` is ignored (the
+    whole block is solved at every iteration).
+
+    Call it under :func:`jax.jit`; the returned ``states`` and ``aux`` are
+    sharded along the time axis, the ``info`` fields are replicated.
+
+    Args:
+        step_fn: ``(x, tape_t) -> (x_new, aux)``, the taped step.
+        x0: the fixed state ``s_0``, shape ``(D,)``.
+        tape: the tape, a pytree of arrays with leading axis ``T``; ``T`` must
+            be divisible by the number of devices on ``axis_name``.
+        key: key for stochastic Jacobian strategies (kept apart from the tape).
+        solver: the solver settings.
+        mesh: a mesh with an axis ``axis_name``; default :func:`time_mesh`
+            over all devices. Other mesh axes, if any, hold replicas.
+        axis_name: the mesh axis the time axis is split over.
+        init_states: initial guess ``(T, D)``; default ``x0`` repeated.
+
+    Returns:
+        ``(states, aux, info)`` as for :func:`~numpyro_deer.deer_solve`. Only
+        ``states[:front]`` is exact when ``info.converged`` is false.
+
+    Raises:
+        ValueError: ``T`` is not divisible by the device count, or the mesh has
+            no axis ``axis_name``.
+    """
+    num_steps = jax.tree.leaves(tape)[0].shape[0]
+    mesh = time_mesh(axis_name=axis_name) if mesh is None else mesh
+    num_devices = _check_mesh(mesh, axis_name, num_steps)
+    local_steps = num_steps // num_devices
+    x0 = jnp.asarray(x0)
+    _, aux_shape = jax.eval_shape(step_fn, x0, jax.tree.map(lambda x: x[0], tape))
+
+    def solve(x0, tape, key, init_states):
+        if init_states is None:
+            init_states = _to_varying(
+                jnp.broadcast_to(x0, (local_steps,) + x0.shape), axis_name
+            )
+        aux = jax.tree.map(
+            lambda s: _to_varying(
+                jnp.zeros((local_steps,) + s.shape, s.dtype), axis_name
+            ),
+            aux_shape,
+        )
+        zero = jnp.zeros((), jnp.int32)
+        carry = _Carry(
+            init_states, aux, zero, zero, jnp.zeros((), x0.dtype), jnp.zeros((), bool)
+        )
+
+        def iteration(c):
+            return _sharded_iteration(
+                step_fn, solver, x0, tape, key, axis_name, num_devices, c
+            )
+
+        def one_solve(outer):
+            carry, solves, _ = outer
+            start_front = carry.front
+            stop_at = carry.iteration + solver.max_iter
+
+            def go_on(c):
+                return (c.front < num_steps) & (c.iteration < stop_at) & ~c.nonfinite
+
+            carry = jax.lax.while_loop(go_on, iteration, carry)
+            return carry, solves + 1, carry.front > start_front
+
+        def more_solves(outer):
+            carry, solves, progressed = outer
+            return (
+                (carry.front < num_steps)
+                & (solves < solver.max_solves)
+                & progressed
+                & ~carry.nonfinite
+            )
+
+        carry, solves, _ = jax.lax.while_loop(
+            more_solves, one_solve, (carry, zero, jnp.ones((), bool))
+        )
+        info = NewtonInfo(
+            iterations=carry.iteration,
+            solves=solves,
+            converged=carry.front >= num_steps,
+            front=carry.front,
+            residual=carry.residual,
+            nonfinite=carry.nonfinite,
+        )
+        return carry.states, carry.aux, info
+
+    time, replicated = PartitionSpec(axis_name), PartitionSpec()
+    in_specs = (replicated, time, replicated, None if init_states is None else time)
+    sharded = _shard_map_fn(
+        solve,
+        mesh=mesh,
+        in_specs=in_specs,
+        out_specs=(time, time, replicated),
+        **_CHECK,
+    )
+    return sharded(x0, tape, key, init_states)
