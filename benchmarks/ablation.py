@@ -47,6 +47,7 @@ VARIANTS: dict[str, dict] = {
     "tol=loose": {"atol": 1e-4, "rtol": 1e-3},
     "jacobian=diag": {"jacobian": "diag"},
     "mass=identity": {"mass": "identity"},
+    "target=0.8": {"target": 0.8},
     "mass=dense": {"mass": "dense"},
     "window=B/8": {"window": 8},
     "block=B/4": {"block": 0.25},
@@ -60,6 +61,7 @@ def _kernel(model, block_size, options):
     options = dict(options)
     options.pop("mass", None)
     options.pop("block", None)
+    options.pop("target", None)
     window = options.pop("window", None)
     gate = options.pop("gate", "hard")
     if isinstance(gate, tuple):
@@ -73,8 +75,14 @@ def _kernel(model, block_size, options):
     )
 
 
-def _warmup(model, args, kwargs, num_warmup, dense, seed):
-    kernel = DEERMALA(model, block_size=16, dense_mass=dense)
+def _warmup(model, args, kwargs, num_warmup, mass, target, seed):
+    kernel = DEERMALA(
+        model,
+        block_size=16,
+        dense_mass=mass == "dense",
+        adapt_mass_matrix=mass != "identity",
+        target_accept_prob=target,
+    )
     mcmc = MCMC(kernel, num_warmup=num_warmup, num_samples=16, progress_bar=False)
     mcmc.warmup(jax.random.PRNGKey(seed), *args, **kwargs)
     return mcmc.post_warmup_state
@@ -103,8 +111,10 @@ def _blocks_fn(kernel, args, kwargs, num_blocks):
 
 
 def _time(fn, state, repeats):
+    t0 = time.perf_counter()
     out = fn(state)  # compile
     jax.block_until_ready(out)
+    _time.first = time.perf_counter() - t0
     times = []
     for _ in range(repeats):
         t0 = time.perf_counter()
@@ -114,70 +124,68 @@ def _time(fn, state, repeats):
     return float(np.median(times)), out
 
 
-def run_model(name, args_ns):
+START = time.perf_counter()
+
+
+WARM: dict = {}
+SEQUENTIAL_US: dict = {}
+
+
+def run_variant(name, variant, args_ns):
+    """One (model, variant) row: consecutive blocks from the post-warmup state."""
     spec = BENCHMARK_MODELS[name]
     args, kwargs = spec.make_data(0)
     base_b = args_ns.block_size
-    warm = {False: _warmup(spec.model, args, kwargs, args_ns.warmup, False, 0)}
-    rows = []
-    variants = args_ns.variants or list(VARIANTS)
-    seq_time = {}
-    for variant in ["sequential"] + variants:
-        options = {} if variant == "sequential" else dict(VARIANTS[variant])
-        if variant == "sequential":
-            options["method"] = "sequential"
-        if options.get("jacobian") == "diag" and spec.latent_dim > args_ns.max_diag_dim:
-            continue
-        block_size = int(base_b * options.get("block", 1))
-        mass = options.get("mass", "diag")
-        if mass == "dense" and True not in warm:
-            warm[True] = _warmup(spec.model, args, kwargs, args_ns.warmup, True, 0)
-        state = warm[mass == "dense"]
-        if mass == "identity":
-            adapt = state.adapt_state
-            state = state._replace(
-                adapt_state=adapt._replace(
-                    inverse_mass_matrix=jnp.ones_like(adapt.inverse_mass_matrix)
-                )
-            )
-        kernel = _kernel(spec.model, block_size, options)
-        kernel.init(jax.random.PRNGKey(1), 0, state.z, args, kwargs)
-        z_flat = ravel_pytree(state.z)[0]
-        state = state._replace(block=empty_block(block_size, z_flat, state.rng_key))
-        num_blocks = max(1, int(args_ns.blocks * base_b // block_size))
-        fn = _blocks_fn(kernel, args, kwargs, num_blocks)
-        try:
-            seconds, (_, (iters, conv, acc)) = _time(fn, state, args_ns.repeats)
-        except Exception as err:  # noqa: BLE001 - report, e.g. out of memory
-            rows.append({"model": name, "variant": variant, "error": repr(err)[:300]})
-            print(f"{name:28s} {variant:20s} ERROR {repr(err)[:120]}", flush=True)
-            continue
-        per_draw = seconds / (num_blocks * block_size)
-        if variant == "sequential":
-            seq_time[block_size] = per_draw
-        seq = seq_time.get(base_b)
-        row = {
-            "model": name,
-            "variant": variant,
-            "dim": spec.latent_dim,
-            "block_size": block_size,
-            "num_blocks": num_blocks,
-            "iterations": np.asarray(iters).tolist(),
-            "converged": np.asarray(conv).tolist(),
-            "accept": float(np.mean(acc)),
-            "step_size": float(state.adapt_state.step_size),
-            "seconds": seconds,
-            "us_per_draw": per_draw * 1e6,
-            "speedup_vs_sequential": (seq / per_draw) if seq else None,
-        }
-        rows.append(row)
-        print(
-            f"{name:28s} {variant:20s} B={block_size:7d} its={row['iterations']} "
-            f"conv={sum(row['converged'])}/{num_blocks} {per_draw * 1e6:9.2f} us/draw "
-            f"x{row['speedup_vs_sequential'] or 0:.2f}",
-            flush=True,
+    options = {} if variant == "sequential" else dict(VARIANTS[variant])
+    if variant == "sequential":
+        options["method"] = "sequential"
+    if options.get("jacobian") == "diag" and spec.latent_dim > args_ns.max_diag_dim:
+        return None
+    block_size = int(base_b * options.get("block", 1))
+    setting = (name, options.get("mass", "diag"), options.get("target", 0.574))
+    if setting not in WARM:
+        WARM[setting] = _warmup(
+            spec.model, args, kwargs, args_ns.warmup, *setting[1:], 0
         )
-    return rows
+    state = WARM[setting]
+    kernel = _kernel(spec.model, block_size, options)
+    kernel.init(jax.random.PRNGKey(1), 0, state.z, args, kwargs)
+    z_flat = ravel_pytree(state.z)[0]
+    state = state._replace(block=empty_block(block_size, z_flat, state.rng_key))
+    num_blocks = max(1, int(args_ns.blocks * base_b // block_size))
+    fn = _blocks_fn(kernel, args, kwargs, num_blocks)
+    try:
+        seconds, (_, (iters, conv, acc)) = _time(fn, state, args_ns.repeats)
+    except Exception as err:  # noqa: BLE001 - report, e.g. out of memory
+        print(f"{name:28s} {variant:20s} ERROR {repr(err)[:160]}", flush=True)
+        return {"model": name, "variant": variant, "error": repr(err)[:300]}
+    per_draw = seconds / (num_blocks * block_size)
+    if variant == "sequential":
+        SEQUENTIAL_US[name] = per_draw
+    seq = SEQUENTIAL_US.get(name)
+    row = {
+        "model": name,
+        "variant": variant,
+        "dim": spec.latent_dim,
+        "block_size": block_size,
+        "num_blocks": num_blocks,
+        "iterations": np.asarray(iters).tolist(),
+        "converged": np.asarray(conv).tolist(),
+        "accept": float(np.mean(acc)),
+        "step_size": float(state.adapt_state.step_size),
+        "seconds": seconds,
+        "first_call_seconds": _time.first,
+        "us_per_draw": per_draw * 1e6,
+        "speedup_vs_sequential": (seq / per_draw) if seq else None,
+    }
+    print(
+        f"{name:28s} {variant:20s} B={block_size:7d} its={row['iterations']} "
+        f"conv={sum(row['converged'])}/{num_blocks} {per_draw * 1e6:9.2f} us/draw "
+        f"x{row['speedup_vs_sequential'] or 0:.2f} acc={row['accept']:.2f} "
+        f"first={_time.first:.1f}s",
+        flush=True,
+    )
+    return row
 
 
 def main(argv=None):
@@ -189,11 +197,20 @@ def main(argv=None):
     parser.add_argument("--warmup", type=int, default=500)
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--max-diag-dim", type=int, default=64)
+    parser.add_argument("--time-budget", type=float, default=1e9, help="seconds")
     parser.add_argument("--json", default="benchmarks/results/ablation.json")
     ns = parser.parse_args(argv)
     rows = []
-    for name in ns.models:
-        rows += run_model(name, ns)
+    # variants outermost: when the time budget runs out, the least important
+    # variants are the ones left out, on every model alike
+    for variant in ["sequential"] + (ns.variants or list(VARIANTS)):
+        for name in ns.models:
+            if time.perf_counter() - START > ns.time_budget:
+                print(f"time budget spent: skipping {name} {variant}", flush=True)
+                continue
+            row = run_variant(name, variant, ns)
+            if row is not None:
+                rows.append(row)
     info = {
         "jax": jax.__version__,
         "numpyro": numpyro.__version__,

@@ -83,8 +83,8 @@ class MCMC(numpyro.infer.MCMC):
         return state
 
     # ------------------------------------------------------------- loop fns
-    def _loop_fns(self, collect_fields, remove_sites, batched, start_idx, size):
-        key = (collect_fields, remove_sites, batched, start_idx, size, self.thinning)
+    def _loop_fns(self, collect_fields, remove_sites, batched, size):
+        key = (collect_fields, remove_sites, batched, size, self.thinning)
         if self._jit_model_args:
             key += (None,)
         else:
@@ -106,7 +106,7 @@ class MCMC(numpyro.infer.MCMC):
         def collected(state, args, kwargs):
             return transform((state, args, kwargs) if jit_args else (state,))
 
-        def warmup_loop(state, collection, n0, n1, args, kwargs):
+        def warmup_loop(state, collection, n0, n1, start_idx, args, kwargs):
             args, kwargs = (args, kwargs) if jit_args else bound
 
             def body(n, carry):
@@ -118,7 +118,9 @@ class MCMC(numpyro.infer.MCMC):
 
             return jax.lax.fori_loop(n0, n1, body, (state, collection))
 
-        def block_step(state, collection, done, stats, n_offset, total, args, kwargs):
+        def block_step(
+            state, collection, done, stats, n_offset, total, start_idx, args, kwargs
+        ):
             args, kwargs = (args, kwargs) if jit_args else bound
             state = kernel.block_refill(state, args, kwargs, batched=batched)
             block_size = kernel.block_size
@@ -146,25 +148,27 @@ class MCMC(numpyro.infer.MCMC):
             )
             return state, collection, done + consumed, stats
 
-        def run_all(state, collection, n_warmup, total, args, kwargs):
+        def run_all(state, collection, n_warmup, total, start_idx, args, kwargs):
             state, collection = warmup_loop(
-                state, collection, 0, n_warmup, args, kwargs
+                state, collection, 0, n_warmup, start_idx, args, kwargs
             )
             zero = jnp.zeros((), jnp.int32)
 
             def body(carry):
-                return block_step(*carry, n_warmup, total, args, kwargs)
+                return block_step(*carry, n_warmup, total, start_idx, args, kwargs)
 
             state, collection, _, stats = jax.lax.while_loop(
                 lambda c: c[2] < total, body, (state, collection, zero, (zero, zero))
             )
             return state, collection, stats
 
+        # the collection is updated in place where the backend can donate
+        donate = () if jax.default_backend() == "cpu" else (1,)
         fns = (
-            jax.jit(warmup_loop, donate_argnums=1),
-            jax.jit(block_step, donate_argnums=1),
+            jax.jit(warmup_loop, donate_argnums=donate),
+            jax.jit(block_step, donate_argnums=donate),
             run_all,
-            jax.jit(run_all, donate_argnums=1),
+            jax.jit(run_all, donate_argnums=donate),
             collected,
         )
         if key is not None:
@@ -195,7 +199,7 @@ class MCMC(numpyro.infer.MCMC):
         batched = jnp.ndim(init_state.i) > 0
         n_warmup = self._num_warmup_iterations(init_state, upper)
         warmup_fn, block_fn, run_all, run_all_jit, collected = self._loop_fns(
-            collect_fields, remove_sites, batched, start_idx, size
+            collect_fields, remove_sites, batched, size
         )
         proto = jax.eval_shape(collected, init_state, args, kwargs)
         collection = jax.tree.map(
@@ -205,11 +209,17 @@ class MCMC(numpyro.infer.MCMC):
         if isinstance(init_state.i, jax.core.Tracer):
             # inside pmap or jit: one compiled loop, no progress bar
             state, collection, _ = run_all(
-                init_state, collection, n_warmup, total, args, kwargs
+                init_state, collection, n_warmup, total, start_idx, args, kwargs
             )
         elif not self.progress_bar:
             state, collection, stats = run_all_jit(
-                init_state, collection, _i32(n_warmup), _i32(total), args, kwargs
+                init_state,
+                collection,
+                _i32(n_warmup),
+                _i32(total),
+                _i32(start_idx),
+                args,
+                kwargs,
             )
             _warn_failed_blocks(stats)
         else:
@@ -220,6 +230,7 @@ class MCMC(numpyro.infer.MCMC):
                 collection,
                 n_warmup,
                 total,
+                start_idx,
                 phase,
                 args,
                 kwargs,
@@ -244,6 +255,7 @@ class MCMC(numpyro.infer.MCMC):
         collection,
         n_warmup,
         total,
+        start_idx,
         phase,
         args,
         kwargs,
@@ -253,10 +265,11 @@ class MCMC(numpyro.infer.MCMC):
         with bar:
             bar.set_description(phase or "warmup")
             chunk = max(1, -(-n_warmup // 20))
+            start = _i32(start_idx)
             for n0 in range(0, n_warmup, chunk):
                 n1 = min(n_warmup, n0 + chunk)
                 state, collection = warmup_fn(
-                    state, collection, _i32(n0), _i32(n1), args, kwargs
+                    state, collection, _i32(n0), _i32(n1), start, args, kwargs
                 )
                 bar.update(n1 - n0)
                 bar.set_postfix_str(
@@ -274,6 +287,7 @@ class MCMC(numpyro.infer.MCMC):
                     stats,
                     _i32(n_warmup),
                     _i32(total),
+                    start,
                     args,
                     kwargs,
                 )

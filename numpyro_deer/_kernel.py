@@ -188,7 +188,13 @@ class DEERMALA(MCMCKernel):
 
     @property
     def default_fields(self):
-        return ("z", "diverging", "potential_energy", "accept_prob")
+        return (
+            "z",
+            "diverging",
+            "potential_energy",
+            "accept_prob",
+            "adapt_state.step_size",
+        )
 
     def get_diagnostics_str(self, state):
         return f"acc. prob={state.mean_accept_prob:.2f}"
@@ -288,10 +294,10 @@ class DEERMALA(MCMCKernel):
             )
 
         if vectorized:
-            state = jax.vmap(init_one)(init_params, rng_key)
+            state = jax.jit(jax.vmap(init_one))(init_params, rng_key)
             self._sample_fn = self._sample_vectorized
         else:
-            state = init_one(init_params, rng_key)
+            state = jax.jit(init_one)(init_params, rng_key)
             self._sample_fn = self._sample_one
         _check_initial_potential(state.potential_energy)
         return state

@@ -33,3 +33,25 @@ jax.config.update("jax_enable_x64", True)
 def _seed_global_rngs() -> None:
     """Seed NumPy's and Python's global generators before every test."""
     set_rng_seed(0)
+
+
+@pytest.fixture(scope="session")
+def stock_run():
+    """One stock ``numpyro.infer.MCMC`` run of DEERMALA, shared by several modules.
+
+    Thinning 2, extra fields, 150 warmup and 400 sampling iterations, blocks of 64.
+    """
+    from numpyro.infer import MCMC as StockMCMC
+
+    from numpyro_deer import DEERMALA
+    from numpyro_deer.models import gaussian_mean_model
+
+    from .helpers import STOCK_RUN_CONFIG, gaussian_data
+
+    args, kwargs = gaussian_data(3.0)
+    kernel = DEERMALA(gaussian_mean_model, block_size=STOCK_RUN_CONFIG["block_size"])
+    mcmc = StockMCMC(kernel, **STOCK_RUN_CONFIG["mcmc"], progress_bar=False)
+    mcmc.run(
+        jax.random.PRNGKey(0), *args, **kwargs, extra_fields=STOCK_RUN_CONFIG["extra"]
+    )
+    return mcmc, args, kwargs

@@ -1,0 +1,209 @@
+"""``numpyro_deer.MCMC``: the block driver behaves like stock ``MCMC``, only faster."""
+
+import pickle
+
+import jax
+import numpy as np
+import pytest
+from numpyro.infer import NUTS
+from numpyro.infer import MCMC as StockMCMC
+
+from numpyro_deer import DEERMALA, MCMC, DEERConvergenceWarning
+from numpyro_deer.models import (
+    beta_bernoulli,
+    beta_bernoulli_posterior,
+    dirichlet_categorical,
+    dirichlet_categorical_posterior,
+    gaussian_mean_model,
+    make_beta_bernoulli_data,
+    make_dirichlet_categorical_data,
+)
+
+from .helpers import STOCK_RUN_CONFIG, gaussian_data
+
+
+def _driver(block_size=64, **mcmc_kwargs):
+    kernel = DEERMALA(gaussian_mean_model, block_size=block_size)
+    options = {"num_warmup": 100, "num_samples": 200, "progress_bar": False}
+    options.update(mcmc_kwargs)
+    return MCMC(kernel, **options)
+
+
+def test_same_draws_as_stock_mcmc(stock_run):
+    stock, args, kwargs = stock_run
+    kernel = DEERMALA(gaussian_mean_model, block_size=STOCK_RUN_CONFIG["block_size"])
+    mcmc = MCMC(kernel, **STOCK_RUN_CONFIG["mcmc"], progress_bar=False)
+    mcmc.run(
+        jax.random.PRNGKey(0), *args, **kwargs, extra_fields=STOCK_RUN_CONFIG["extra"]
+    )
+    np.testing.assert_allclose(
+        mcmc.get_samples()["mu"], stock.get_samples()["mu"], rtol=1e-10
+    )
+    ours, theirs = mcmc.get_extra_fields(), stock.get_extra_fields()
+    assert set(ours) == set(theirs)
+    for name in ours:
+        np.testing.assert_allclose(ours[name], theirs[name], rtol=1e-10, err_msg=name)
+    for a, b in zip(
+        jax.tree.leaves(mcmc.last_state), jax.tree.leaves(stock.last_state), strict=True
+    ):
+        np.testing.assert_allclose(a, b, rtol=1e-10)
+
+
+@pytest.fixture(scope="module")
+def warm_driver():
+    args, kwargs = gaussian_data(2.0)
+    mcmc = _driver(num_samples=150)
+    mcmc.warmup(jax.random.PRNGKey(1), *args, **kwargs)
+    return mcmc, args, kwargs
+
+
+def test_warmup_run_continue_without_recompiling(warm_driver):
+    mcmc, args, kwargs = warm_driver
+    assert int(mcmc.post_warmup_state.i) == 100
+    mcmc.run(jax.random.PRNGKey(2), *args, **kwargs)
+    first = mcmc.get_samples()["mu"]
+    run_all = next(iter(mcmc._block_fns.values()))[3]
+    compiled = run_all._cache_size()
+    # continue from the last state with its own key: the rest of its block is used
+    mcmc.post_warmup_state = mcmc.last_state
+    mcmc.run(mcmc.last_state.rng_key, *args, **kwargs)
+    second = mcmc.get_samples()["mu"]
+    assert first.shape == second.shape == (150,)
+    assert not np.allclose(first, second)
+    assert int(mcmc.last_state.i) == 400
+    assert run_all._cache_size() == compiled  # the second run did not recompile
+    np.testing.assert_allclose(np.mean(np.r_[first, second]), 2.0, atol=0.2)
+
+
+def test_continuation_equals_one_long_run(warm_driver):
+    """Two runs that continue each other give the draws of one run of both lengths."""
+    mcmc, args, kwargs = warm_driver
+    start = mcmc.post_warmup_state
+    key = start.rng_key
+    mcmc.num_samples = 150
+    mcmc.post_warmup_state = start
+    mcmc.run(key, *args, **kwargs)
+    first = mcmc.get_samples()["mu"]
+    mcmc.post_warmup_state = mcmc.last_state
+    mcmc.run(mcmc.last_state.rng_key, *args, **kwargs)
+    both = np.r_[first, mcmc.get_samples()["mu"]]
+    mcmc.num_samples = 300
+    mcmc.post_warmup_state = start
+    mcmc.run(key, *args, **kwargs)
+    mcmc.num_samples = 150
+    np.testing.assert_allclose(mcmc.get_samples()["mu"], both, rtol=1e-10)
+
+
+def test_progress_bar_gives_the_same_draws():
+    args, kwargs = gaussian_data(1.0)
+    draws = []
+    for bar in (False, True):
+        mcmc = _driver(num_warmup=60, num_samples=100, thinning=3)
+        mcmc.progress_bar = bar  # MCMC turns it off when CI is set
+        mcmc.run(jax.random.PRNGKey(3), *args, **kwargs)
+        draws.append(mcmc.get_samples()["mu"])
+    assert draws[0].shape == (33,)
+    np.testing.assert_allclose(draws[0], draws[1], rtol=1e-10)
+
+
+@pytest.mark.parametrize("chain_method", ["vectorized", "parallel"])
+def test_chain_methods(chain_method):
+    args, kwargs = gaussian_data(-1.0)
+    mcmc = _driver(
+        block_size=32, num_warmup=50, num_chains=3, chain_method=chain_method
+    )
+    mcmc.run(jax.random.PRNGKey(4), *args, **kwargs)
+    draws = mcmc.get_samples(group_by_chain=True)["mu"]
+    assert draws.shape == (3, 200)
+    assert not np.allclose(draws[0], draws[1])
+    np.testing.assert_allclose(np.mean(draws), -1.0, atol=0.3)
+    stats = mcmc.get_extra_fields(group_by_chain=True)
+    assert stats["potential_energy"].shape == (3, 200)
+
+
+def test_deer_and_sequential_methods_give_the_same_chain():
+    args, kwargs = gaussian_data(0.5)
+    draws = []
+    for method in ("deer", "sequential"):
+        kernel = DEERMALA(
+            gaussian_mean_model, block_size=64, method=method, atol=1e-12, rtol=1e-10
+        )
+        mcmc = MCMC(kernel, num_warmup=50, num_samples=256, progress_bar=False)
+        mcmc.run(jax.random.PRNGKey(5), *args, **kwargs)
+        draws.append(mcmc.get_samples()["mu"])
+    np.testing.assert_allclose(draws[0], draws[1], atol=1e-8)
+
+
+def test_unconverged_blocks_fall_back_and_warn():
+    args, kwargs = gaussian_data(0.5)
+    kernel = DEERMALA(gaussian_mean_model, block_size=64, max_iter=2, max_solves=1)
+    mcmc = MCMC(kernel, num_warmup=50, num_samples=128, progress_bar=False)
+    with pytest.warns(DEERConvergenceWarning, match="2 of 2 blocks"):
+        mcmc.run(jax.random.PRNGKey(5), *args, **kwargs, extra_fields=("deer_converged",))
+    assert not np.any(mcmc.get_extra_fields()["deer_converged"])
+    reference = MCMC(
+        DEERMALA(gaussian_mean_model, block_size=64, method="sequential"),
+        num_warmup=50,
+        num_samples=128,
+        progress_bar=False,
+    )
+    reference.run(jax.random.PRNGKey(5), *args, **kwargs)
+    np.testing.assert_allclose(
+        mcmc.get_samples()["mu"], reference.get_samples()["mu"], rtol=1e-12
+    )
+
+
+@pytest.mark.parametrize("jit_model_args", [False, True])
+def test_rerun_on_new_data(jit_model_args):
+    mcmc = _driver(jit_model_args=jit_model_args)
+    for value in (3.0, -3.0):
+        args, kwargs = gaussian_data(value)
+        mcmc.run(jax.random.PRNGKey(0), *args, **kwargs)
+        np.testing.assert_allclose(np.mean(mcmc.get_samples()["mu"]), value, atol=0.1)
+
+
+def test_closed_form_posteriors():
+    """Beta-Bernoulli (constrained support) and Dirichlet-categorical (simplex)."""
+    for model, make_data, posterior, atol in (
+        (beta_bernoulli, make_beta_bernoulli_data, beta_bernoulli_posterior, 0.05),
+        (
+            dirichlet_categorical,
+            make_dirichlet_categorical_data,
+            dirichlet_categorical_posterior,
+            0.02,
+        ),
+    ):
+        args, kwargs = make_data()
+        mcmc = MCMC(
+            DEERMALA(model, block_size=512),
+            num_warmup=400,
+            num_samples=4096,
+            progress_bar=False,
+        )
+        mcmc.run(jax.random.PRNGKey(0), *args, **kwargs)
+        acc = float(np.mean(mcmc.get_extra_fields()["accept_prob"]))
+        assert abs(acc - 0.574) < 0.1, model.__name__
+        for site, moments in posterior(*args, **kwargs).items():
+            draws = mcmc.get_samples()[site]
+            np.testing.assert_allclose(
+                np.mean(draws, 0), moments.mean, atol=atol, err_msg=site
+            )
+
+
+def test_non_block_kernels_run_as_in_numpyro():
+    args, kwargs = gaussian_data(1.0)
+    ours = MCMC(NUTS(gaussian_mean_model), num_warmup=50, num_samples=50)
+    theirs = StockMCMC(NUTS(gaussian_mean_model), num_warmup=50, num_samples=50)
+    for mcmc in (ours, theirs):
+        mcmc.progress_bar = False
+        mcmc.run(jax.random.PRNGKey(0), *args, **kwargs)
+    np.testing.assert_array_equal(ours.get_samples()["mu"], theirs.get_samples()["mu"])
+
+
+def test_pickle(warm_driver):
+    mcmc, _, _ = warm_driver
+    restored = pickle.loads(pickle.dumps(mcmc))
+    assert restored._block_fns == {}
+    np.testing.assert_array_equal(
+        restored.post_warmup_state.z["mu"], mcmc.post_warmup_state.z["mu"]
+    )

@@ -1,0 +1,539 @@
+"""The DEER Newton solver against the sequential MALA chain.
+
+Given the same tape, DEER and :func:`sequential_chain` compute the same chain
+(DESIGN.md section 2). Every combination of target, Jacobian strategy and gate
+is solved once per module (``solved`` fixture) and each test reads the cached
+result, so each jitted solve is compiled exactly once.
+
+Solver tolerances: a step passes when ``|r_t| <= ATOL + RTOL |F_t|`` with
+``r_t = s_t - F_t``; since ``|F_t| <= |s_t| + |r_t|``, every certified residual
+obeys ``|r_t| <= (ATOL + RTOL max|s|) / (1 - RTOL)`` (``residual_bound``).
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from numpy.testing import assert_allclose, assert_array_equal
+
+from numpyro_deer import (
+    DEERSolver,
+    DiagonalJacobian,
+    FullJacobian,
+    HardGate,
+    SigmoidGate,
+    StochasticDiagonalJacobian,
+    deer_solve,
+    make_step_fn,
+    make_tape,
+    newton_iterates,
+    sequential_chain,
+)
+
+B = 256
+ATOL, RTOL = 1e-12, 1e-10
+# The front advances by at least one step per iteration after the first, so
+# B + 1 iterations always suffice; MAX_ITER leaves room above that.
+MAX_ITER = 2 * B
+MATCH = dict(rtol=0.0, atol=1e-8)  # DEER block vs sequential block
+
+STRATEGIES = {
+    "full": FullJacobian(),
+    "diag": DiagonalJacobian(),
+    "stoch2": StochasticDiagonalJacobian(num_probes=2),
+}
+GATES = {"hard": HardGate(), "sigmoid": SigmoidGate(1.0)}
+
+# Most of this module's time is XLA compiling the solves on the CPU backend.
+# The LLVM optimisation level changes how fast the compiled code runs, not what
+# it computes, and these small problems run in milliseconds either way, so the
+# module compiles at level 0 (about half the compile time).
+_COMPILER_OPTIONS = {"xla_backend_optimization_level": 0}
+
+
+def _jit(fn, **kwargs):
+    return jax.jit(fn, compiler_options=_COMPILER_OPTIONS, **kwargs)
+
+
+# ----------------------------------------------------------------------- targets
+def _standard_normal():
+    def potential(x):
+        return 0.5 * jnp.sum(x**2)
+
+    return potential, None
+
+
+def _correlated_gaussian():
+    """D = 10, precision eigenvalues 1..100 (condition number 100), rotated."""
+    rng = np.random.default_rng(101)
+    Q, _ = np.linalg.qr(rng.standard_normal((10, 10)))
+    precision = Q @ np.diag(np.logspace(0.0, 2.0, 10)) @ Q.T
+    P = jnp.asarray(precision)
+
+    def potential(x):
+        return 0.5 * x @ P @ x
+
+    return potential, precision
+
+
+def _logistic_regression():
+    """D = 6, N = 100 synthetic points, standard normal prior on the weights."""
+    rng = np.random.default_rng(202)
+    X = rng.standard_normal((100, 6))
+    w_true = rng.standard_normal(6)
+    y = (rng.uniform(size=100) < 1.0 / (1.0 + np.exp(-X @ w_true))).astype(float)
+    X, y = jnp.asarray(X), jnp.asarray(y)
+
+    def potential(w):
+        logits = X @ w
+        log_lik = jnp.sum(y * logits - jax.nn.softplus(logits))
+        return -log_lik + 0.5 * jnp.sum(w**2)
+
+    return potential, None
+
+
+@dataclass(frozen=True)
+class Target:
+    name: str
+    potential: object
+    dim: int
+    step_size: float
+    x0: np.ndarray
+    tape: object
+    seq_states: np.ndarray
+    seq_info: object
+    extra: object = None
+
+    @property
+    def prev(self):
+        """``s_0 .. s_{T-1}`` of the sequential chain."""
+        return np.concatenate([self.x0[None], self.seq_states[:-1]])
+
+    def step_fn(self, gate_name="hard"):
+        return make_step_fn(self.potential, self.step_size, gate=GATES[gate_name])
+
+
+# step sizes chosen for an acceptance rate of about 0.8 (asserted below)
+_TARGET_SPECS = {
+    "std_normal": (_standard_normal, 5, 0.5),
+    "corr_gauss": (_correlated_gaussian, 10, 0.01),
+    "logreg": (_logistic_regression, 6, 0.04),
+}
+
+
+def _build_target(name, seed):
+    make, dim, step_size = _TARGET_SPECS[name]
+    potential, extra = make()
+    x0 = 0.5 * np.random.default_rng(seed).standard_normal(dim)
+    tape = make_tape(jax.random.PRNGKey(seed), B, dim, jnp.float64)
+    seq = _jit(sequential_chain, static_argnums=0)
+    states, info = seq(potential, jnp.asarray(x0), tape, step_size)
+    return Target(
+        name,
+        potential,
+        dim,
+        step_size,
+        x0,
+        tape,
+        np.asarray(states),
+        jax.tree.map(np.asarray, info),
+        extra,
+    )
+
+
+@pytest.fixture(scope="module")
+def targets():
+    return {
+        name: _build_target(name, seed)
+        for seed, name in enumerate(_TARGET_SPECS, start=10)
+    }
+
+
+def _jitted_solve(step_fn, solver):
+    return _jit(lambda x0, tape, key: deer_solve(step_fn, x0, tape, key, solver))
+
+
+def _run(fn, target, key=0):
+    states, aux, info = fn(jnp.asarray(target.x0), target.tape, jax.random.PRNGKey(key))
+    return np.asarray(states), jax.tree.map(np.asarray, aux), info
+
+
+def _solver(strategy, **options):
+    options = {"atol": ATOL, "rtol": RTOL, "max_iter": MAX_ITER, **options}
+    return DEERSolver(strategy, **options)
+
+
+@pytest.fixture(scope="module")
+def solved(targets):
+    """``(target, strategy, gate) -> (states, aux, info)``, each solved once."""
+
+    @functools.cache
+    def get(target_name, strategy_name, gate_name):
+        target = targets[target_name]
+        step_fn = target.step_fn(gate_name)
+        fn = _jitted_solve(step_fn, _solver(STRATEGIES[strategy_name], max_solves=1))
+        return _run(fn, target)
+
+    return get
+
+
+def residual_bound(states):
+    return (ATOL + RTOL * np.max(np.abs(states))) / (1.0 - RTOL)
+
+
+@functools.cache
+def _step_values_fn(potential, step_size):
+    return _jit(jax.vmap(make_step_fn(potential, step_size)))
+
+
+def step_values(target, states):
+    """``f_t(s_{t-1})`` for all ``t`` of a block ``states`` (from ``target.x0``)."""
+    prev = np.concatenate([target.x0[None], states[:-1]])
+    values, _ = _step_values_fn(target.potential, target.step_size)(
+        jnp.asarray(prev), target.tape
+    )
+    return np.asarray(values)
+
+
+COMBOS = [
+    pytest.param(t, s, g, id=f"{t}-{s}-{g}")
+    for t in _TARGET_SPECS
+    for s in STRATEGIES
+    for g in GATES
+]
+
+
+# ------------------------------------------------------------- the three targets
+@pytest.mark.parametrize("name", list(_TARGET_SPECS))
+def test_target_chain_accepts_and_rejects(targets, name):
+    info = targets[name].seq_info
+    rate = info.accepted.mean()
+    assert 0.5 <= rate <= 0.9, rate
+    assert not np.any(info.diverging)
+    assert np.all(np.isfinite(targets[name].seq_states))
+
+
+def test_correlated_gaussian_has_condition_number_100(targets):
+    precision = targets["corr_gauss"].extra
+    assert_allclose(np.linalg.cond(precision), 100.0, rtol=1e-8)
+    # the rotation is not trivial: the precision is far from diagonal
+    off_diagonal = precision - np.diag(np.diag(precision))
+    assert np.max(np.abs(off_diagonal)) > 5.0
+
+
+# ------------------------------------------------------------ DEER == sequential
+@pytest.mark.parametrize("target_name, strategy_name, gate_name", COMBOS)
+def test_deer_block_equals_sequential(
+    targets, solved, target_name, strategy_name, gate_name
+):
+    target = targets[target_name]
+    states, aux, _ = solved(target_name, strategy_name, gate_name)
+    seq = target.seq_info
+
+    assert states.shape == (B, target.dim)
+    assert_allclose(states, target.seq_states, **MATCH)
+    assert_array_equal(aux.accepted, seq.accepted)
+    assert 0 < aux.accepted.sum() < B  # at least one acceptance and rejection
+    assert 0.5 <= aux.accepted.mean() <= 0.9
+    assert not np.any(aux.diverging)
+    assert_allclose(aux.potential_energy, seq.potential_energy, rtol=1e-8, atol=1e-8)
+    assert_allclose(aux.accept_prob, seq.accept_prob, rtol=1e-6, atol=1e-8)
+
+
+@pytest.mark.parametrize("target_name, strategy_name, gate_name", COMBOS)
+def test_deer_block_certificate(targets, solved, target_name, strategy_name, gate_name):
+    target = targets[target_name]
+    states, _, info = solved(target_name, strategy_name, gate_name)
+    bound = residual_bound(states)
+
+    assert bool(info.converged)
+    assert int(info.front) == B
+    assert not bool(info.nonfinite)
+    assert int(info.solves) == 1
+    assert 1 <= int(info.iterations) <= B + 1
+    assert 0.0 <= float(info.residual) <= bound
+    # the certificate holds for the returned block, recomputed independently
+    true_residual = np.max(np.abs(states - step_values(target, states)))
+    assert true_residual <= bound
+
+
+# ------------------------------------------------------------------ exact prefix
+PREFIX_K = 10
+
+
+@pytest.mark.parametrize(
+    "strategy_name, gate_name",
+    [("full", "hard"), ("stoch2", "hard"), ("diag", "sigmoid")],
+)
+def test_first_k_states_exact_after_k_iterations(targets, strategy_name, gate_name):
+    # Zero tolerances: a step only freezes when it is reproduced bit for bit,
+    # so this is the exactness of Newton itself, not of the stopping rule.
+    target = targets["logreg"]
+    step_fn = target.step_fn(gate_name)
+    solver = DEERSolver(STRATEGIES[strategy_name], atol=0.0, rtol=0.0)
+    iterates = _jit(
+        lambda x0, tape, key: newton_iterates(step_fn, x0, tape, key, PREFIX_K, solver)
+    )(jnp.asarray(target.x0), target.tape, jax.random.PRNGKey(0))
+    iterates = np.asarray(iterates)
+    assert iterates.shape == (PREFIX_K, B, target.dim)
+
+    for k in range(1, PREFIX_K + 1):
+        assert_allclose(iterates[k - 1, :k], target.seq_states[:k], rtol=0, atol=1e-12)
+    # not vacuous: after the first iteration the block is far from the chain
+    assert np.max(np.abs(iterates[0] - target.seq_states)) > 1e-2
+
+
+# -------------------------------------------------------------------- Hutchinson
+def test_hutchinson_error_decreases_with_probes(targets):
+    # The correlated Gaussian has a far-from-diagonal Jacobian; for a diagonal
+    # one Hutchinson would be exact with any number of probes.
+    target = targets["corr_gauss"]
+    step_fn = target.step_fn()
+    prev, tape = jnp.asarray(target.prev), target.tape
+    key = jax.random.PRNGKey(42)
+
+    strategies = {
+        "exact": DiagonalJacobian(),
+        "full": FullJacobian(),
+        **{
+            f"probes{p}": StochasticDiagonalJacobian(num_probes=p, clip=None)
+            for p in (1, 8, 64)
+        },
+    }
+    # one compiled program for all five linearisations, same states and key
+    lins = _jit(
+        lambda p, t, k: {
+            name: s.linearize(step_fn, p, t, k) for name, s in strategies.items()
+        }
+    )(prev, tape, key)
+    lins = jax.tree.map(np.asarray, lins)
+    exact, full = lins["exact"], lins["full"]
+    assert exact.jacobian.shape == (B, target.dim)
+    assert full.jacobian.shape == (B, target.dim, target.dim)
+    assert_allclose(
+        exact.jacobian, np.diagonal(full.jacobian, axis1=1, axis2=2), atol=1e-14
+    )
+    # the step values are the chain itself (prev is the sequential chain)
+    assert_allclose(exact.values, target.seq_states, rtol=0, atol=1e-12)
+    assert_array_equal(exact.aux.accepted, target.seq_info.accepted)
+    full_off_diagonal = full.jacobian - np.einsum(
+        "ti,ij->tij", exact.jacobian, np.eye(target.dim)
+    )
+    assert np.max(np.abs(full_off_diagonal)) > 0.1
+
+    errors = []
+    for probes in (1, 8, 64):
+        lin = lins[f"probes{probes}"]
+        assert lin.jacobian.shape == (B, target.dim)
+        assert_allclose(lin.values, exact.values, rtol=0, atol=1e-14)
+        errors.append(np.mean(np.abs(lin.jacobian - exact.jacobian)))
+    assert errors[0] > errors[1] > errors[2], errors
+    assert errors[2] * 3.0 <= errors[0], errors
+
+
+def test_linearizations_match_jacfwd(targets):
+    # SigmoidGate adds the rank-one term (y - x) d(log a)^T, so the Jacobian is
+    # not symmetric and a transposed or mis-ordered Jacobian would show.
+    target = targets["logreg"]
+    step_fn = target.step_fn("sigmoid")
+    prev, tape = jnp.asarray(target.prev), target.tape
+    key = jax.random.PRNGKey(0)
+
+    def all_of_them(p, t, k):
+        jac = jax.vmap(jax.jacfwd(lambda x, t_: step_fn(x, t_)[0]))(p, t)
+        full = FullJacobian().linearize(step_fn, p, t, k)
+        diag = DiagonalJacobian().linearize(step_fn, p, t, k)
+        return jac, full, diag
+
+    jac, full, diag = jax.tree.map(np.asarray, _jit(all_of_them)(prev, tape, key))
+    assert np.max(np.abs(jac - np.swapaxes(jac, 1, 2))) > 1e-3
+    assert_allclose(full.jacobian, jac, rtol=1e-12, atol=1e-14)
+    assert_allclose(diag.jacobian, np.diagonal(jac, axis1=1, axis2=2), atol=1e-14)
+    for lin in (full, diag):
+        assert_allclose(lin.values, target.seq_states, rtol=0, atol=1e-12)
+        assert_array_equal(lin.aux.accepted, target.seq_info.accepted)
+
+
+# ---------------------------------------------------------- restarts and windows
+def test_restarts_with_small_max_iter_still_converge(targets):
+    target = targets["logreg"]
+    solver = _solver(DiagonalJacobian(), max_iter=3, max_solves=B)
+    states, aux, info = _run(_jitted_solve(target.step_fn(), solver), target)
+
+    assert bool(info.converged)
+    assert int(info.solves) > 1
+    assert int(info.iterations) <= 3 * int(info.solves)
+    assert not bool(info.nonfinite)
+    assert_allclose(states, target.seq_states, **MATCH)
+    assert_array_equal(aux.accepted, target.seq_info.accepted)
+    assert float(info.residual) <= residual_bound(states)
+
+
+def test_unfinished_block_reports_its_exact_prefix(targets):
+    target = targets["logreg"]
+    solver = _solver(DiagonalJacobian(), max_iter=3, max_solves=1)
+    states, _, info = _run(_jitted_solve(target.step_fn(), solver), target)
+
+    assert not bool(info.converged)
+    assert int(info.iterations) == 3
+    assert int(info.solves) == 1
+    front = int(info.front)
+    assert 2 <= front < B
+    assert_allclose(states[:front], target.seq_states[:front], **MATCH)
+    # the rest of the block is not the chain yet (so `converged` is honest)
+    assert np.max(np.abs(states[front:] - target.seq_states[front:])) > 1e-6
+
+
+def test_windowed_solve_equals_sequential(targets):
+    target = targets["corr_gauss"]
+    solver = _solver(DiagonalJacobian(), window=32, max_iter=4 * B)
+    states, aux, info = _run(_jitted_solve(target.step_fn(), solver), target)
+
+    assert bool(info.converged)
+    assert int(info.front) == B
+    assert_allclose(states, target.seq_states, **MATCH)
+    assert_array_equal(aux.accepted, target.seq_info.accepted)
+    assert float(info.residual) <= residual_bound(states)
+    true_residual = np.max(np.abs(states - step_values(target, states)))
+    assert true_residual <= residual_bound(states)
+
+
+# -------------------------------------------------------------------- validation
+@pytest.mark.parametrize(
+    "build, name",
+    [
+        (lambda: DEERSolver(max_iter=0), "max_iter"),
+        (lambda: DEERSolver(max_solves=0), "max_solves"),
+        (lambda: DEERSolver(damping=1.0), "damping"),
+        (lambda: DEERSolver(damping=-0.1), "damping"),
+        (lambda: DEERSolver(window=0), "window"),
+        (lambda: DEERSolver(atol=-1e-6), "atol"),
+        (lambda: DEERSolver(rtol=-1e-6), "rtol"),
+        (lambda: StochasticDiagonalJacobian(num_probes=0), "num_probes"),
+        (lambda: StochasticDiagonalJacobian(clip=0.0), "clip"),
+        (lambda: DiagonalJacobian(clip=-1.0), "clip"),
+    ],
+)
+def test_invalid_settings_raise_naming_the_argument(build, name):
+    with pytest.raises(ValueError, match=name):
+        build()
+
+
+# -------------------------------------------------------------------- non-finite
+NAN_X0 = np.array([0.3, -0.2, 0.1])
+
+
+def _nan_everywhere_but_x0(x):
+    """Standard normal at ``NAN_X0`` only; NaN at every other point."""
+    at_x0 = jnp.all(x == jnp.asarray(NAN_X0))
+    return jnp.where(at_x0, 0.5 * jnp.sum(x**2), jnp.nan)
+
+
+def _nan_half_space(x):
+    """Standard normal restricted to ``x_0 <= 0.5``; NaN beyond."""
+    return jnp.where(x[0] > 0.5, jnp.nan, 0.5 * jnp.sum(x**2))
+
+
+# name: (potential, x0, step size, number of steps, tape seed)
+NAN_CASES = {
+    "all_nan": (_nan_everywhere_but_x0, NAN_X0, 0.5, 64, 5),
+    "nan_region": (_nan_half_space, np.array([-0.5, 0.2, 0.1]), 0.8, B, 6),
+}
+
+
+@pytest.fixture(scope="module")
+def nan_chains():
+    """``case -> (tape, sequential states, sequential info)``, built once."""
+    out = {}
+    for case, (potential, x0, step_size, num_steps, seed) in NAN_CASES.items():
+        tape = make_tape(jax.random.PRNGKey(seed), num_steps, x0.shape[0], jnp.float64)
+        seq = _jit(sequential_chain, static_argnums=0)
+        states, info = seq(potential, jnp.asarray(x0), tape, step_size)
+        out[case] = (tape, np.asarray(states), jax.tree.map(np.asarray, info))
+    return out
+
+
+def _solve_nan_case(nan_chains, case, strategy_name, gate_name):
+    potential, x0, step_size, _, _ = NAN_CASES[case]
+    tape = nan_chains[case][0]
+    step_fn = make_step_fn(potential, step_size, gate=GATES[gate_name])
+    fn = _jitted_solve(step_fn, _solver(STRATEGIES[strategy_name]))
+    states, aux, info = fn(jnp.asarray(x0), tape, jax.random.PRNGKey(0))
+    return np.asarray(states), jax.tree.map(np.asarray, aux), info
+
+
+@pytest.mark.parametrize(
+    "strategy_name, gate_name", [("full", "hard"), ("stoch2", "sigmoid")]
+)
+def test_all_proposals_nan_block_stays_at_x0(nan_chains, strategy_name, gate_name):
+    _, seq_states, seq_info = nan_chains["all_nan"]
+    num_steps = seq_states.shape[0]
+    assert_array_equal(seq_states, np.broadcast_to(NAN_X0, (num_steps, 3)))
+    assert np.all(seq_info.diverging)
+
+    states, aux, info = _solve_nan_case(nan_chains, "all_nan", strategy_name, gate_name)
+    assert_array_equal(states, seq_states)
+    assert not np.any(aux.accepted)
+    assert np.all(aux.diverging)
+    assert_array_equal(aux.accept_prob, 0.0)
+    assert_array_equal(aux.potential_energy, 0.5 * np.sum(NAN_X0**2))
+    assert bool(info.converged)
+    assert not bool(info.nonfinite)
+    assert float(info.residual) == 0.0
+
+
+@pytest.mark.parametrize(
+    "strategy_name, gate_name", [("diag", "sigmoid"), ("stoch2", "hard")]
+)
+def test_nan_region_block_equals_sequential(nan_chains, strategy_name, gate_name):
+    # Some proposals (and possibly some Newton iterates) land in the NaN
+    # region; the rejections must not poison the linearisation.
+    _, seq_states, seq_info = nan_chains["nan_region"]
+    assert 10 <= seq_info.diverging.sum() <= B // 2
+    assert seq_info.accepted.sum() >= B // 4
+
+    states, aux, info = _solve_nan_case(
+        nan_chains, "nan_region", strategy_name, gate_name
+    )
+    assert bool(info.converged)
+    assert not bool(info.nonfinite)
+    assert_allclose(states, seq_states, **MATCH)
+    assert_array_equal(aux.accepted, seq_info.accepted)
+    assert_array_equal(aux.diverging, seq_info.diverging)
+    assert_array_equal(aux.accept_prob[seq_info.diverging], 0.0)
+
+
+# ------------------------------------------------------------------- tracing
+def test_jit_traces_once_for_two_tapes_of_the_same_shape():
+    traces = []
+
+    def potential(x):
+        traces.append(1)  # runs only while JAX traces the function
+        return 0.5 * jnp.sum(x**2)
+
+    dim, num_steps, step_size = 5, 64, 0.5
+    fn = _jitted_solve(make_step_fn(potential, step_size), _solver(DiagonalJacobian()))
+    x0 = jnp.full((dim,), 0.3)
+    tape_a = make_tape(jax.random.PRNGKey(1), num_steps, dim, jnp.float64)
+    tape_b = make_tape(jax.random.PRNGKey(2), num_steps, dim, jnp.float64)
+
+    states_a, _, info_a = fn(x0, tape_a, jax.random.PRNGKey(0))
+    after_first = len(traces)
+    assert after_first > 0
+    states_b, _, info_b = fn(x0, tape_b, jax.random.PRNGKey(0))
+    states_c, _, _ = fn(-x0, tape_a, jax.random.PRNGKey(1))
+    assert len(traces) == after_first  # no retrace for new values
+
+    assert bool(info_a.converged) and bool(info_b.converged)
+    assert np.max(np.abs(np.asarray(states_a) - np.asarray(states_b))) > 0.1
+    # the second call really used the second tape
+    seq = _jit(sequential_chain, static_argnums=0)
+    seq_b, _ = seq(potential, x0, tape_b, step_size)
+    assert_allclose(np.asarray(states_b), np.asarray(seq_b), **MATCH)
+    seq_c, _ = seq(potential, -x0, tape_a, step_size)
+    assert_allclose(np.asarray(states_c), np.asarray(seq_c), **MATCH)
