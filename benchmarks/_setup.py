@@ -22,35 +22,51 @@ from numpyro_deer.models import BENCHMARK_MODELS  # noqa: E402
 
 
 def add_solver_arguments(parser) -> None:
-    """Kernel options shared by the scripts (passed to ``DEERMALA``)."""
-    group = parser.add_argument_group("DEERMALA options")
-    group.add_argument("--jacobian", default="stochastic",
-                       choices=["stochastic", "diag", "full"])
-    group.add_argument("--num-probes", type=int, default=1)
-    group.add_argument("--clip", type=float, default=1.0,
-                       help="clip of the diagonal Jacobian; <= 0 for none")
-    group.add_argument("--gate", default="hard", choices=["hard", "sigmoid"])
-    group.add_argument("--atol", type=float, default=None,
-                       help="Newton atol (default: the package's, by dtype)")
-    group.add_argument("--rtol", type=float, default=None,
-                       help="Newton rtol (default: the package's, by dtype)")
-    group.add_argument("--max-iter", type=int, default=100)
-    group.add_argument("--max-solves", type=int, default=10)
-    group.add_argument("--damping", type=float, default=0.0)
-    group.add_argument("--window", type=int, default=None)
-    group.add_argument("--dense-mass", action="store_true",
-                       help="adapt a dense mass matrix in warmup")
-    group.add_argument("--no-adapt-mass", action="store_true",
-                       help="do not adapt the mass matrix in warmup")
-    group.add_argument("--target-accept", type=float, default=0.574)
+    """Kernel options shared by the scripts (passed to ``DEERMALA``).
+
+    Every option defaults to "not given": the kernel then uses its own default,
+    so the scripts follow the package's defaults as they change.
+    """
+    group = parser.add_argument_group(
+        "DEERMALA options (default: the package's default)"
+    )
+    group.add_argument("--jacobian", choices=["stochastic", "diag", "full"])
+    group.add_argument("--num-probes", type=int)
+    group.add_argument(
+        "--clip", type=float, help="clip of the diagonal Jacobian; <= 0 for none"
+    )
+    group.add_argument("--gate", choices=["hard", "sigmoid"])
+    group.add_argument("--atol", type=float, help="Newton atol")
+    group.add_argument("--rtol", type=float, help="Newton rtol")
+    group.add_argument("--max-iter", type=int, help="Newton iterations per solve")
+    group.add_argument("--max-solves", type=int, help="solves per block")
+    group.add_argument("--damping", type=float)
+    group.add_argument("--window", type=int)
+    group.add_argument(
+        "--dense-mass",
+        action="store_true",
+        default=None,
+        help="adapt a dense mass matrix in warmup",
+    )
+    group.add_argument(
+        "--no-adapt-mass",
+        action="store_true",
+        default=None,
+        help="do not adapt the mass matrix in warmup",
+    )
+    group.add_argument("--target-accept", type=float)
+    group.add_argument(
+        "--matmul-precision",
+        choices=["default", "high", "highest", "none"],
+        help="DEERMALA's matmul_precision ('none': JAX's setting)",
+    )
 
 
 def kernel_options(args) -> dict:
-    """``DEERMALA`` keyword arguments from the parsed options."""
-    return {
+    """``DEERMALA`` keyword arguments for the options that were given."""
+    options = {
         "jacobian": args.jacobian,
         "num_probes": args.num_probes,
-        "clip": None if args.clip is not None and args.clip <= 0 else args.clip,
         "gate": args.gate,
         "atol": args.atol,
         "rtol": args.rtol,
@@ -59,9 +75,17 @@ def kernel_options(args) -> dict:
         "damping": args.damping,
         "window": args.window,
         "dense_mass": args.dense_mass,
-        "adapt_mass_matrix": not args.no_adapt_mass,
         "target_accept_prob": args.target_accept,
     }
+    options = {k: v for k, v in options.items() if v is not None}
+    if args.clip is not None:
+        options["clip"] = None if args.clip <= 0 else args.clip
+    if args.no_adapt_mass:
+        options["adapt_mass_matrix"] = False
+    if args.matmul_precision is not None:
+        precision = args.matmul_precision
+        options["matmul_precision"] = None if precision == "none" else precision
+    return options
 
 
 def get_model(name: str):
@@ -105,6 +129,14 @@ def make_kernel(bench, block_size, method, options):
     )
 
 
+def describe_kernel(kernel) -> dict:
+    """The kernel's effective settings (public attributes), for the JSON."""
+    return {
+        "block_size": kernel.block_size,
+        "solver": repr(kernel.solver),
+    }
+
+
 def attach(kernel, state, model_args, model_kwargs, num_warmup):
     """Initialise ``kernel`` and give it the post-warmup ``state``.
 
@@ -126,19 +158,21 @@ def flat_z(state) -> jnp.ndarray:
     return ravel_pytree(state.z)[0]
 
 
-def jitted_run(mcmc, extra_fields=()):
+def jitted_run(mcmc, model_args, model_kwargs, extra_fields=()):
     """``mcmc.run`` inside :func:`jax.jit`, compiled once and reused.
 
     Stock ``numpyro.infer.MCMC.run`` (NumPyro 0.21 and 0.22, progress bar off)
     recompiles its sampling loop on every call: ``fori_collect`` wraps its
     cached body in a new ``jax.jit`` object each time, and the jit cache misses.
     Running it under an outer ``jax.jit`` traces it once, so a second call
-    measures the loop itself. Returns ``run(key, model_args, model_kwargs) ->
-    (samples grouped by chain, extra fields grouped by chain, last_state)``.
+    measures the loop itself. The model's data are closed over (compile-time
+    constants), as ``MCMC`` does with its default ``jit_model_args=False``.
+    Returns ``run(key) -> (samples grouped by chain, extra fields grouped by
+    chain, last_state)``.
     """
 
     @jax.jit
-    def run(rng_key, model_args, model_kwargs):
+    def run(rng_key):
         mcmc.run(rng_key, *model_args, extra_fields=extra_fields, **model_kwargs)
         return (
             mcmc.get_samples(group_by_chain=True),

@@ -16,9 +16,10 @@ same blocks and the same chain) are produced three ways:
 
 Each is run once to compile, then timed (``--repeats`` runs at least, more
 while they add up to under 0.5 s; the median is reported); the first run's
-time shows compilation, and the XLA compilations in each are counted. The driver's overhead per draw is
-``(driver - raw) / N``. All paths use the same post-warmup state and key, so
-they compute the same blocks; ``|z_last - raw|`` checks it.
+time shows compilation, and the XLA compilations in each are counted. The
+driver's overhead per draw is ``(driver - raw) / N``. All paths use the same
+post-warmup state and key, so they compute the same blocks; ``|z_last - raw|``
+checks it.
 
     PYTHONPATH=. python3 benchmarks/driver_overhead.py                 # CPU
     PYTHONPATH=. python3 benchmarks/driver_overhead.py --draws 131072 \\
@@ -49,26 +50,45 @@ def parse_args(argv=None):
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     parser.add_argument("--model", default="eight_schools")
-    parser.add_argument("--draws", type=int, default=16384,
-                        help="post-warmup draws N (rounded up to whole blocks)")
+    parser.add_argument(
+        "--draws",
+        type=int,
+        default=16384,
+        help="post-warmup draws N (rounded up to whole blocks)",
+    )
     parser.add_argument("--block-size", type=int, default=256)
     parser.add_argument("--warmup", type=int, default=200)
-    parser.add_argument("--method", default="deer", choices=["deer", "sequential"],
-                        help="how blocks are solved; 'sequential' makes the solves "
-                        "cheap and isolates the loop overhead")
-    parser.add_argument("--repeats", type=int, default=1,
-                        help="timed runs after the compile run (median reported)")
+    parser.add_argument(
+        "--method",
+        default="deer",
+        choices=["deer", "sequential"],
+        help="how blocks are solved; 'sequential' makes the solves "
+        "cheap and isolates the loop overhead",
+    )
+    parser.add_argument(
+        "--repeats",
+        type=int,
+        default=1,
+        help="timed runs after the compile run (median reported)",
+    )
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--skip-stock", action="store_true",
-                        help="do not run numpyro.infer.MCMC")
-    parser.add_argument("--stock-plain", action="store_true",
-                        help="also time stock MCMC.run called plainly (its time "
-                        "includes the recompilation NumPyro does on every run)")
-    parser.add_argument("--progress-bar", action="store_true",
-                        help="also time driver and stock (plain call) with "
-                        "progress_bar=True")
-    parser.add_argument("--json", default=str(common.default_json_path(
-        "driver_overhead")))
+    parser.add_argument(
+        "--skip-stock", action="store_true", help="do not run numpyro.infer.MCMC"
+    )
+    parser.add_argument(
+        "--stock-plain",
+        action="store_true",
+        help="also time stock MCMC.run called plainly (its time "
+        "includes the recompilation NumPyro does on every run)",
+    )
+    parser.add_argument(
+        "--progress-bar",
+        action="store_true",
+        help="also time driver and stock (plain call) with progress_bar=True",
+    )
+    parser.add_argument(
+        "--json", default=str(common.default_json_path("driver_overhead"))
+    )
     _setup.add_solver_arguments(parser)
     return parser.parse_args(argv)
 
@@ -83,13 +103,19 @@ def main(argv=None):
     N = num_blocks * B
     key_warmup, key_run = jax.random.split(jax.random.PRNGKey(args.seed))
 
-    print(f"# driver_overhead: {bench.name} (D={bench.latent_dim}), N={N}, B={B}, "
-          f"method={args.method}; {common.describe_machine(info)}", flush=True)
+    print(
+        f"# driver_overhead: {bench.name} (D={bench.latent_dim}), N={N}, B={B}, "
+        f"method={args.method}; {common.describe_machine(info)}",
+        flush=True,
+    )
     state, warmup_s = _setup.warmup(
         bench, model_args, model_kwargs, args.warmup, key_warmup, options
     )
-    print(f"warmup: {args.warmup} steps in {warmup_s:.1f} s (with compilation), "
-          f"step size {float(state.adapt_state.step_size):.3g}", flush=True)
+    print(
+        f"warmup: {args.warmup} steps in {warmup_s:.1f} s (with compilation), "
+        f"step size {float(state.adapt_state.step_size):.3g}",
+        flush=True,
+    )
 
     kernel = _setup.make_kernel(bench, B, args.method, options)
     state = _setup.attach(kernel, state, model_args, model_kwargs, args.warmup)
@@ -111,6 +137,7 @@ def main(argv=None):
         },
         "warmup_s": warmup_s,
         "step_size": float(state.adapt_state.step_size),
+        "kernel": _setup.describe_kernel(kernel),
         "rows": [],
     }
     rows = results["rows"]
@@ -134,7 +161,9 @@ def main(argv=None):
         return last, timing
 
     # (b) the raw block solves ----------------------------------------------
-    def raw_loop(state, model_args, model_kwargs):
+    def raw_loop(state):
+        # the data are closed over (constants), as in the driver and in MCMC
+        # with its default jit_model_args=False
         zero = jnp.zeros((), jnp.int32)
 
         def body(_, carry):
@@ -163,10 +192,10 @@ def main(argv=None):
                 return mcmc.get_samples(), mcmc.last_state
 
         else:
-            run = _setup.jitted_run(mcmc)
+            run = _setup.jitted_run(mcmc, model_args, model_kwargs)
 
             def go():
-                samples, _, last = run(key_run, model_args, model_kwargs)
+                samples, _, last = run(key_run)
                 return samples, last
 
         (_, last), timing = common.timed(go, args.repeats)
@@ -188,10 +217,12 @@ def main(argv=None):
         row.update(extra or {})
         rows.append(row)
         last_z[path] = np.asarray(_setup.flat_z(last))
-        print(f"{path}: first {row['first_s']:.2f} s "
-              f"({row['first_compiles']} compiles), timed {row['median_s']:.4f} s "
-              f"({row['recompiles']} compiles), {row['us_per_draw']:.2f} us/draw",
-              flush=True)
+        print(
+            f"{path}: first {row['first_s']:.2f} s "
+            f"({row['first_compiles']} compiles), timed {row['median_s']:.4f} s "
+            f"({row['recompiles']} compiles), {row['us_per_draw']:.2f} us/draw",
+            flush=True,
+        )
         save()
 
     last, timing = run_driver(False)
@@ -202,10 +233,10 @@ def main(argv=None):
     raw_state = state._replace(rng_key=key_run)
     t0 = time.perf_counter()
     with common.CompileCounter() as cc:
-        compiled = raw_jit.lower(raw_state, model_args, model_kwargs).compile()
+        compiled = raw_jit.lower(raw_state).compile()
     compile_s = time.perf_counter() - t0
     (last, iterations, converged), timing = common.timed(
-        lambda: compiled(raw_state, model_args, model_kwargs), args.repeats
+        lambda: compiled(raw_state), args.repeats
     )
     timing["first_s"] += compile_s
     timing["first_compiles"] = (cc.count or 0) + (timing["first_compiles"] or 0)
@@ -269,12 +300,16 @@ def main(argv=None):
     s = results["summary"]
     print()
     print(f"wrote {args.json}")
-    print(f"{bench.name}: N={N} draws, B={B} ({num_blocks} blocks), "
-          f"method={args.method}, Newton its/block "
-          f"{s['newton_iterations_per_block']:.1f}, converged "
-          f"{100 * s['blocks_converged_fraction']:.0f}% of blocks")
-    print(f"driver overhead: {s['driver_overhead_us_per_draw']:.3g} us/draw "
-          f"({s['driver_overhead_pct']:.1f}% of the driver's time)")
+    print(
+        f"{bench.name}: N={N} draws, B={B} ({num_blocks} blocks), "
+        f"method={args.method}, Newton its/block "
+        f"{s['newton_iterations_per_block']:.1f}, converged "
+        f"{100 * s['blocks_converged_fraction']:.0f}% of blocks"
+    )
+    print(
+        f"driver overhead: {s['driver_overhead_us_per_draw']:.3g} us/draw "
+        f"({s['driver_overhead_pct']:.1f}% of the driver's time)"
+    )
     print(common.format_table(rows, columns))
 
 

@@ -1,6 +1,6 @@
 """Plot the suite's results: DEER's speed-up over the sequential chain against T.
 
-    python3 benchmarks/plot.py [benchmarks/results/suite.json] [-o speedup.png]
+    python3 benchmarks/plot.py [suite.json ...] [-o speedup.png]
 
 Left: sequential time / DEER time (both through ``numpyro_deer.MCMC``, same
 chain), one line per model, against the chain length T, each point labelled
@@ -27,9 +27,19 @@ HERE = Path(__file__).resolve().parent
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("json", nargs="?", default=str(HERE / "results" / "suite.json"))
-    parser.add_argument("-o", "--output", default=None,
-                        help="PNG path (default: the JSON's path with .png)")
+    parser.add_argument(
+        "json",
+        nargs="*",
+        default=[str(HERE / "results" / "suite.json")],
+        help="suite JSON files; the rows of several are merged "
+        "(e.g. one suite run per model)",
+    )
+    parser.add_argument(
+        "-o",
+        "--output",
+        default=None,
+        help="PNG path (default: the first JSON's path with .png)",
+    )
     return parser.parse_args(argv)
 
 
@@ -51,20 +61,40 @@ def _series(rows, method, key):
     return {model: sorted(points) for model, points in out.items()}
 
 
-def _draw(ax, series, colors, linestyle="-", marker="o", label_suffix="",
-          annotate=False):
+def _draw(
+    ax, series, colors, linestyle="-", marker="o", label_suffix="", annotate=False
+):
     for model, points in sorted(series.items()):
         color = colors.setdefault(model, f"C{len(colors) % 10}")
         ts = [p[0] for p in points]
         ys = [p[1] for p in points]
-        ax.plot(ts, ys, linestyle=linestyle, marker=marker, color=color,
-                markerfacecolor="none", markersize=0, label=model + label_suffix)
+        ax.plot(
+            ts,
+            ys,
+            linestyle=linestyle,
+            marker=marker,
+            color=color,
+            markerfacecolor="none",
+            markersize=0,
+            label=model + label_suffix,
+        )
         for t, y, converged, its in points:
-            ax.plot([t], [y], marker, color=color,
-                    markerfacecolor=color if converged else "white")
+            ax.plot(
+                [t],
+                [y],
+                marker,
+                color=color,
+                markerfacecolor=color if converged else "white",
+            )
             if annotate and its is not None:
-                ax.annotate(f"{its:g}", (t, y), textcoords="offset points",
-                            xytext=(4, 4), fontsize="x-small", color=color)
+                ax.annotate(
+                    f"{its:g}",
+                    (t, y),
+                    textcoords="offset points",
+                    xytext=(4, 4),
+                    fontsize="x-small",
+                    color=color,
+                )
 
 
 def plot(results: dict, output: Path) -> Path:
@@ -79,29 +109,49 @@ def plot(results: dict, output: Path) -> Path:
     ax_speed.set_yscale("log")
     ax_speed.set_xlabel("chain length T (draws)")
     ax_speed.set_ylabel("speed-up: sequential time / DEER time")
-    ax_speed.set_title("DEERMALA vs the same chain computed sequentially\n"
-                       "(numbers: median Newton iterations per block)",
-                       fontsize="medium")
-    if speed:
-        ax_speed.legend(fontsize="small")
-    else:
-        ax_speed.text(0.5, 0.5, "no DEER rows with a sequential reference",
-                      ha="center", transform=ax_speed.transAxes)
+    ax_speed.set_title(
+        "DEERMALA vs the same chain computed sequentially\n"
+        "(numbers: median Newton iterations per block)",
+        fontsize="medium",
+    )
+    if not speed:
+        ax_speed.text(
+            0.5,
+            0.5,
+            "no DEER rows with a sequential reference",
+            ha="center",
+            transform=ax_speed.transAxes,
+        )
 
     vs_nuts = _series(rows, "deer", "ess_per_s_vs_nuts")
     _draw(ax_nuts, vs_nuts, colors)
-    _draw(ax_nuts, _series(rows, "sequential", "ess_per_s_vs_nuts"), colors,
-          linestyle="--", marker="s", label_suffix=" (sequential)")
+    _draw(
+        ax_nuts,
+        _series(rows, "sequential", "ess_per_s_vs_nuts"),
+        colors,
+        linestyle="--",
+        marker="s",
+        label_suffix=" (sequential)",
+    )
     ax_nuts.axhline(1.0, color="grey", linewidth=0.8, linestyle=":")
     ax_nuts.set_xscale("log", base=2)
     ax_nuts.set_yscale("log")
     ax_nuts.set_xlabel("chain length T (draws)")
     ax_nuts.set_ylabel("min ESS per second / NUTS's")
-    ax_nuts.set_title("min ESS/s relative to NUTS\n"
-                      "(solid, circles: DEER; dashed, squares: sequential)",
-                      fontsize="medium")
-    if vs_nuts:
-        ax_nuts.legend(fontsize="small")
+    ax_nuts.set_title(
+        "min ESS/s relative to NUTS\n"
+        "(solid, circles: DEER; dashed, squares: sequential)",
+        fontsize="medium",
+    )
+    # one legend of colours (models) for both panels; line styles are in titles
+    if colors:
+        ax_speed.legend(
+            handles=[
+                plt.Line2D([], [], color=color, marker="o", label=model)
+                for model, color in colors.items()
+            ],
+            fontsize="small",
+        )
 
     machine = results.get("machine", {})
     config = results.get("config", {})
@@ -121,10 +171,16 @@ def plot(results: dict, output: Path) -> Path:
 
 def main(argv=None):
     args = parse_args(argv)
-    path = Path(args.json)
-    with open(path) as f:
-        results = json.load(f)
-    output = Path(args.output) if args.output else path.with_suffix(".png")
+    paths = [Path(p) for p in args.json]
+    results = None
+    for path in paths:
+        with open(path) as f:
+            part = json.load(f)
+        if results is None:
+            results = part
+        else:
+            results["rows"] = results.get("rows", []) + part.get("rows", [])
+    output = Path(args.output) if args.output else paths[0].with_suffix(".png")
     plot(results, output)
     print(f"wrote {output}")
 

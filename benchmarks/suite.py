@@ -31,6 +31,7 @@ block size is ``--block-size`` if given, else ``min(T, --max-block-size)``.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 import time
 import traceback
@@ -59,37 +60,96 @@ def parse_args(argv=None):
         description=__doc__.split("\n\n")[0],
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    parser.add_argument("--models", nargs="+", default=list(BENCHMARK_MODELS),
-                        help="names in numpyro_deer.models.BENCHMARK_MODELS")
-    parser.add_argument("--draws", nargs="+", type=int, default=[4096],
-                        help="chain lengths T (post-warmup draws)")
-    parser.add_argument("--warmup", type=int, default=500,
-                        help="DEERMALA warmup steps")
-    parser.add_argument("--block-size", type=int, default=None,
-                        help="DEER block size B (default: min(T, --max-block-size))")
+    parser.add_argument(
+        "--models",
+        nargs="+",
+        default=list(BENCHMARK_MODELS),
+        help="names in numpyro_deer.models.BENCHMARK_MODELS",
+    )
+    parser.add_argument(
+        "--draws",
+        nargs="+",
+        type=int,
+        default=[4096],
+        help="chain lengths T (post-warmup draws)",
+    )
+    parser.add_argument("--warmup", type=int, default=500, help="DEERMALA warmup steps")
+    parser.add_argument(
+        "--block-size",
+        type=int,
+        default=None,
+        help="DEER block size B (default: min(T, --max-block-size))",
+    )
     parser.add_argument("--max-block-size", type=int, default=131072)
     parser.add_argument("--nuts-draws", type=int, default=1000)
-    parser.add_argument("--nuts-warmup", type=int, default=None,
-                        help="NUTS warmup steps (default: --warmup)")
+    parser.add_argument(
+        "--nuts-warmup",
+        type=int,
+        default=None,
+        help="NUTS warmup steps (default: --warmup)",
+    )
     parser.add_argument("--skip-sequential", action="store_true")
     parser.add_argument("--skip-stock", action="store_true")
-    parser.add_argument("--stock-max-draws", type=int, default=4096,
-                        help="run stock numpyro.infer.MCMC only for T up to this")
+    parser.add_argument(
+        "--stock-max-draws",
+        type=int,
+        default=4096,
+        help="run stock numpyro.infer.MCMC only for T up to this",
+    )
     parser.add_argument("--skip-nuts", action="store_true")
     parser.add_argument("--skip-blackjax", action="store_true")
-    parser.add_argument("--repeats", type=int, default=1,
-                        help="timed runs after the compile run (median reported)")
-    parser.add_argument("--match-tol", type=float, default=1e-3,
-                        help="a draw agrees with DEER's when every component has "
-                        "|a - b| <= tol * (1 + |a|)")
+    parser.add_argument(
+        "--repeats",
+        type=int,
+        default=1,
+        help="timed runs after the compile run (median reported)",
+    )
+    parser.add_argument(
+        "--single-run-above",
+        type=float,
+        default=120.0,
+        help="when a first (compiling) run takes longer than this "
+        "many seconds, do not repeat it: time it as that run less "
+        "its measured compile time (marked in the JSON)",
+    )
+    parser.add_argument(
+        "--max-seconds",
+        type=float,
+        default=None,
+        help="time budget of the whole run: once spent, the "
+        "remaining rows are marked skipped (checked between rows)",
+    )
+    parser.add_argument(
+        "--match-tol",
+        type=float,
+        default=1e-3,
+        help="a draw agrees with DEER's when every component has "
+        "|a - b| <= tol * (1 + |a|)",
+    )
+    parser.add_argument(
+        "--ess-backend",
+        default="auto",
+        choices=["auto", "numpyro", "jax"],
+        help="numpyro: numpyro.diagnostics.effective_sample_size on the host "
+        "(float64); jax: the same estimator on the device (float32, fast for "
+        "millions of draws); auto: jax for sites of more than 2**24 numbers",
+    )
+    parser.add_argument(
+        "--baseline-matmul-precision",
+        default=None,
+        choices=["default", "high", "highest"],
+        help="run NUTS and BlackJAX under jax.default_matmul_precision(this) "
+        "(default: JAX's setting; DEERMALA has its own matmul_precision)",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", default=str(common.default_json_path("suite")))
     _setup.add_solver_arguments(parser)
     args = parser.parse_args(argv)
     for name in args.models:
         if name not in BENCHMARK_MODELS:
-            parser.error(f"unknown model {name!r}; choose from "
-                         f"{', '.join(BENCHMARK_MODELS)}")
+            parser.error(
+                f"unknown model {name!r}; choose from {', '.join(BENCHMARK_MODELS)}"
+            )
     if args.nuts_warmup is None:
         args.nuts_warmup = args.warmup
     return args
@@ -100,8 +160,11 @@ def _first_chain(samples):
     return {k: v[0] for k, v in samples.items()}
 
 
+ESS_BACKEND = "auto"
+
+
 def _sample_stats(samples, time_s, num_draws):
-    ess = common.min_ess(samples)
+    ess = common.min_ess(samples, backend=ESS_BACKEND)
     return {
         "time_s": time_s,
         "draws_per_s": num_draws / time_s if time_s > 0 else None,
@@ -110,11 +173,17 @@ def _sample_stats(samples, time_s, num_draws):
         "ess_per_s": ess["min_ess"] / time_s if time_s > 0 else None,
         "ess_components": ess["num_components"],
         "ess_nonfinite_components": ess["num_nonfinite"],
+        "ess_backend": ess["backends"],
     }
+
+
+def _timing_options(args):
+    return {"repeats": args.repeats, "single_run_above_s": args.single_run_above}
 
 
 def _timing_fields(timing):
     return {
+        "from_first_run": timing["from_first_run"],
         "first_s": timing["first_s"],
         "first_compiles": timing["first_compiles"],
         "first_compile_s": timing["first_compile_s"],
@@ -136,7 +205,7 @@ def _block_stats(extra, block_size):
     }
 
 
-def run_block_driver(kernel, state, bench_data, num_warmup, num_draws, key, repeats):
+def run_block_driver(kernel, state, bench_data, num_warmup, num_draws, key, timing):
     """DEERMALA (either method) through ``numpyro_deer.MCMC``; sampling timed."""
     model_args, model_kwargs = bench_data
     mcmc = numpyro_deer.MCMC(
@@ -155,18 +224,20 @@ def run_block_driver(kernel, state, bench_data, num_warmup, num_draws, key, repe
     with warnings.catch_warnings():
         # a non-converged block is reported in the row, not as a warning
         warnings.simplefilter("ignore", numpyro_deer.DEERConvergenceWarning)
-        return common.timed(go, repeats)
+        return common.timed(go, **timing)
 
 
-def run_stock(kernel, state, bench_data, num_warmup, num_draws, key, repeats):
+def run_stock(kernel, state, bench_data, num_warmup, num_draws, key, timing):
     """The same kernel through stock ``numpyro.infer.MCMC`` (under one jit)."""
     model_args, model_kwargs = bench_data
     mcmc = numpyro.infer.MCMC(
         kernel, num_warmup=num_warmup, num_samples=num_draws, progress_bar=False
     )
     mcmc.post_warmup_state = state
-    run = _setup.jitted_run(mcmc, extra_fields=DEER_EXTRA_FIELDS)
-    return common.timed(lambda: run(key, model_args, model_kwargs), repeats)
+    run = _setup.jitted_run(
+        mcmc, model_args, model_kwargs, extra_fields=DEER_EXTRA_FIELDS
+    )
+    return common.timed(lambda: run(key), **timing)
 
 
 def _deer_row(samples, extra, last, timing, num_draws, block_size):
@@ -180,7 +251,18 @@ def _deer_row(samples, extra, last, timing, num_draws, block_size):
     return row
 
 
+def _baseline_precision(args):
+    if args.baseline_matmul_precision is None:
+        return contextlib.nullcontext()
+    return jax.default_matmul_precision(args.baseline_matmul_precision)
+
+
 def run_nuts(bench, bench_data, args, key):
+    with _baseline_precision(args):
+        return _run_nuts(bench, bench_data, args, key)
+
+
+def _run_nuts(bench, bench_data, args, key):
     model_args, model_kwargs = bench_data
     mcmc = numpyro.infer.MCMC(
         NUTS(bench.model),
@@ -193,9 +275,11 @@ def run_nuts(bench, bench_data, args, key):
     mcmc.warmup(key_warmup, *model_args, **model_kwargs)
     jax.block_until_ready(mcmc.post_warmup_state)
     warmup_s = time.perf_counter() - t0
-    run = _setup.jitted_run(mcmc, extra_fields=("num_steps", "accept_prob"))
+    run = _setup.jitted_run(
+        mcmc, model_args, model_kwargs, extra_fields=("num_steps", "accept_prob")
+    )
     (samples, extra, _), timing = common.timed(
-        lambda: run(key_run, model_args, model_kwargs), args.repeats
+        lambda: run(key_run), **_timing_options(args)
     )
     row = {"method": "nuts", "T": args.nuts_draws, "B": None}
     row.update(_sample_stats(samples, timing["median_s"], args.nuts_draws))
@@ -208,7 +292,12 @@ def run_nuts(bench, bench_data, args, key):
     return row
 
 
-def run_blackjax(blackjax, bench, bench_data, state, num_draws, key, repeats):
+def run_blackjax_with_precision(args, *rest):
+    with _baseline_precision(args):
+        return run_blackjax(*rest)
+
+
+def run_blackjax(blackjax, bench, bench_data, state, num_draws, key, timing):
     """``blackjax.mala`` on the whitened potential, from the post-warmup state."""
     model_args, model_kwargs = bench_data
     _, potential_fn, postprocess_fn, _ = initialize_model(
@@ -245,7 +334,7 @@ def run_blackjax(blackjax, bench, bench_data, state, num_draws, key, repeats):
         samples = jax.vmap(lambda w: postprocess_fn(unravel(to_x(w))))(ws)
         return {k: v[None] for k, v in samples.items()}, accept
 
-    (samples, accept), timing = common.timed(lambda: run(key, w0), repeats)
+    (samples, accept), timing = common.timed(lambda: run(key, w0), **timing)
     row = {"method": "blackjax", "T": num_draws, "B": None}
     row.update(_sample_stats(samples, timing["median_s"], num_draws))
     row.update(_timing_fields(timing))
@@ -289,6 +378,8 @@ def _display(row):
         out["status"] = "ERROR"
     elif row.get("skipped"):
         out["status"] = "skipped"
+    elif row.get("from_first_run"):
+        out["status"] = "ok (1 run)"
     elif row.get("within_tol") is False:
         kind = "flip" if row.get("parting") == "accept flip" else "drift"
         out["status"] = f"parted@{row.get('first_disagreement')} ({kind})"
@@ -297,196 +388,293 @@ def _display(row):
     return out
 
 
-def main(argv=None):
-    args = parse_args(argv)
-    info = common.machine_info()
-    options = _setup.kernel_options(args)
-    try:
-        import blackjax
-    except ImportError:
-        blackjax = None
-    results = {
-        "script": "suite",
-        "machine": info,
-        "config": {
-            "models": args.models,
-            "draws": args.draws,
-            "warmup": args.warmup,
-            "block_size": args.block_size,
-            "max_block_size": args.max_block_size,
-            "nuts_draws": args.nuts_draws,
-            "nuts_warmup": args.nuts_warmup,
-            "stock_max_draws": args.stock_max_draws,
-            "repeats": args.repeats,
-            "match_tol": args.match_tol,
-            "seed": args.seed,
-            "kernel_options": options,
-        },
-        "notes": [],
-        "models": {},
-        "rows": [],
-    }
-    if blackjax is None and not args.skip_blackjax:
-        results["notes"].append("blackjax is not importable: its rows are skipped")
-    rows = results["rows"]
+class Suite:
+    """The run: options, results, the JSON written after every row."""
 
-    def save():
-        common.write_json(args.json, results)
+    def __init__(self, args):
+        self.args = args
+        self.options = _setup.kernel_options(args)
+        self.info = common.machine_info()
+        try:
+            import blackjax
+        except ImportError:
+            blackjax = None
+        self.blackjax = blackjax
+        self.started = time.perf_counter()
+        self.results = {
+            "script": "suite",
+            "machine": self.info,
+            "config": {
+                "models": args.models,
+                "draws": args.draws,
+                "warmup": args.warmup,
+                "block_size": args.block_size,
+                "max_block_size": args.max_block_size,
+                "nuts_draws": args.nuts_draws,
+                "nuts_warmup": args.nuts_warmup,
+                "stock_max_draws": args.stock_max_draws,
+                "repeats": args.repeats,
+                "single_run_above": args.single_run_above,
+                "max_seconds": args.max_seconds,
+                "match_tol": args.match_tol,
+                "ess_backend": args.ess_backend,
+                "baseline_matmul_precision": args.baseline_matmul_precision,
+                "seed": args.seed,
+                "kernel_options": self.options,
+            },
+            "notes": [],
+            "models": {},
+            "rows": [],
+        }
+        if blackjax is None and not args.skip_blackjax:
+            self.results["notes"].append(
+                "blackjax is not importable: its rows are skipped"
+            )
+        self.rows = self.results["rows"]
 
-    def finish(row, model_name):
+    # ------------------------------------------------------------ bookkeeping
+    def save(self):
+        common.write_json(self.args.json, self.results)
+
+    def finish(self, row, model_name):
         row["model"] = model_name
         row["peak_bytes"] = common.peak_memory_bytes()
         row["bytes_in_use"] = common.bytes_in_use()
-        rows.append(row)
-        save()
-        d = _display(row)
+        self.rows.append(row)
+        self.save()
+        shown = _display(row)
         msg = ", ".join(
-            f"{header}={common.fmt(d.get(key), *spec)}"
+            f"{header}={common.fmt(shown.get(key), *spec)}"
             for key, header, *spec in COLUMNS[3:]
-            if d.get(key) is not None
+            if shown.get(key) is not None
         )
         print(f"  {model_name} T={row.get('T')}: {msg}", flush=True)
         if row.get("error"):
             print(f"    error: {row['error']}", flush=True)
 
-    def attempt(method, fn, **fields):
+    def out_of_time(self):
+        budget = self.args.max_seconds
+        return budget is not None and time.perf_counter() - self.started > budget
+
+    def attempt(self, method, fn, *fn_args, **fields):
+        """``fn(*fn_args)`` as a row; a failure becomes a row with ``error``."""
+        if self.out_of_time():
+            budget = self.args.max_seconds
+            return dict(
+                fields, method=method, skipped=f"time budget --max-seconds {budget}"
+            )
         try:
-            row = fn()
+            row = fn(*fn_args)
         except Exception as exc:  # keep going: one failure must not end the suite
             traceback.print_exc()
-            row = dict(fields)
-            row["error"] = f"{type(exc).__name__}: {exc}"
+            row = dict(fields, error=f"{type(exc).__name__}: {exc}")
         row["method"] = method
         for key, value in fields.items():
             row.setdefault(key, value)
         return row
 
-    print(f"# suite: {', '.join(args.models)}; T in {args.draws}; "
-          f"{common.describe_machine(info)}", flush=True)
-    root = jax.random.PRNGKey(args.seed)
-    for model_index, name in enumerate(args.models):
-        key_model = jax.random.fold_in(root, model_index)
+    # ----------------------------------------------------------------- model
+    def run_model(self, model_index, name):
+        args = self.args
+        key_model = jax.random.fold_in(jax.random.PRNGKey(args.seed), model_index)
         key_warmup, key_run, key_nuts, key_bjx = jax.random.split(key_model, 4)
         bench, model_args, model_kwargs = _setup.get_model(name)
-        data = (model_args, model_kwargs)
+        model = ModelRun(bench, (model_args, model_kwargs), key_run, key_bjx)
         model_info = {"latent_dim": bench.latent_dim, "description": bench.description}
-        results["models"][name] = model_info
+        self.results["models"][name] = model_info
         print(f"\n{name}: {bench.description}", flush=True)
+        if self.out_of_time():
+            model_info["skipped"] = "time budget spent"
+            row = {"method": "warmup", "skipped": "time budget spent"}
+            self.finish(row, name)
+            return
         try:
-            state0, warmup_s = _setup.warmup(
-                bench, model_args, model_kwargs, args.warmup, key_warmup, options
+            model.state0, warmup_s = _setup.warmup(
+                bench, model_args, model_kwargs, args.warmup, key_warmup, self.options
             )
         except Exception as exc:
             traceback.print_exc()
             model_info["error"] = f"{type(exc).__name__}: {exc}"
-            finish({"method": "warmup", "error": model_info["error"]}, name)
-            continue
+            self.finish({"method": "warmup", "error": model_info["error"]}, name)
+            return
         model_info.update(
             warmup_s=warmup_s,
-            step_size=float(state0.adapt_state.step_size),
-            warmup_accept_rate=float(state0.mean_accept_prob),
+            step_size=float(model.state0.adapt_state.step_size),
+            warmup_accept_rate=float(model.state0.mean_accept_prob),
         )
-        print(f"  warmup {args.warmup} steps: {warmup_s:.1f} s (with compilation), "
-              f"step size {model_info['step_size']:.3g}, accept "
-              f"{model_info['warmup_accept_rate']:.2f}", flush=True)
+        print(
+            f"  warmup {args.warmup} steps: {warmup_s:.1f} s (with compilation), "
+            f"step size {model_info['step_size']:.3g}, accept "
+            f"{model_info['warmup_accept_rate']:.2f}",
+            flush=True,
+        )
 
         nuts_ess_per_s = None
         if not args.skip_nuts:
-            row = attempt("nuts", lambda: run_nuts(bench, data, args, key_nuts),
-                          T=args.nuts_draws)
+            row = self.attempt(
+                "nuts", run_nuts, bench, model.data, args, key_nuts, T=args.nuts_draws
+            )
             nuts_ess_per_s = row.get("ess_per_s")
             row["ess_per_s_vs_nuts"] = 1.0 if nuts_ess_per_s else None
-            finish(row, name)
+            self.finish(row, name)
 
-        for T in args.draws:
-            B = args.block_size or min(T, args.max_block_size)
-            fields = {"T": T, "B": B}
-            kernel = _setup.make_kernel(bench, B, "deer", options)
-            state = _setup.attach(kernel, state0, model_args, model_kwargs,
-                                  args.warmup)
-            deer_draws = {}
+        for num_draws in args.draws:
+            self.run_length(model, name, num_draws, nuts_ess_per_s)
 
-            def deer_method(method, kernel=kernel, state=state, T=T, B=B):
-                if method == "stock":
-                    out, timing = run_stock(kernel, state, data, args.warmup, T,
-                                            key_run, args.repeats)
-                else:
-                    if method == "sequential":
-                        kernel = _setup.make_kernel(bench, B, "sequential", options)
-                        state = _setup.attach(kernel, state0, model_args,
-                                              model_kwargs, args.warmup)
-                    out, timing = run_block_driver(kernel, state, data, args.warmup,
-                                                   T, key_run, args.repeats)
-                samples, extra, last = out
-                row = _deer_row(samples, extra, last, timing, T, B)
-                chain = _first_chain(samples)
-                row["accept_rate"] = float(np.mean(np.asarray(extra["accept_prob"])))
-                row["divergences"] = int(np.sum(np.asarray(extra["diverging"])))
-                flat = common.flatten_draws(chain)
-                if method == "deer":
-                    deer_draws["flat"] = flat
-                elif "flat" in deer_draws:
-                    row.update(common.compare_draws(deer_draws["flat"], flat,
-                                                    args.match_tol))
-                    row["within_tol"] = row["agree_fraction"] == 1.0
-                if method == "sequential":
-                    for key in ("newton_its_median", "newton_its_max",
-                                "newton_its_per_block", "blocks_converged_fraction",
-                                "last_block_residual", "last_block_front"):
-                        row.pop(key, None)
-                return row
+    def run_length(self, model, name, num_draws, nuts_ess_per_s):
+        """The rows of one chain length T."""
+        args = self.args
+        block_size = args.block_size or min(num_draws, args.max_block_size)
+        fields = {"T": num_draws, "B": block_size}
+        new_rows = []
 
-            deer_row = attempt("deer", lambda: deer_method("deer"), **fields)
-            finish(deer_row, name)
-            t_seq = None
-            if not args.skip_sequential:
-                row = attempt("sequential", lambda: deer_method("sequential"),
-                              **fields)
-                t_seq = row.get("time_s")
-                row["speedup_vs_sequential"] = 1.0 if t_seq else None
-                finish(row, name)
-            if t_seq and deer_row.get("time_s"):
-                deer_row["speedup_vs_sequential"] = t_seq / deer_row["time_s"]
-            if not args.skip_stock:
-                if T <= args.stock_max_draws:
-                    row = attempt("stock", lambda: deer_method("stock"), **fields)
-                else:
-                    row = dict(fields, skipped=f"T > --stock-max-draws "
-                               f"{args.stock_max_draws}")
-                    row["method"] = "stock"
-                if t_seq and row.get("time_s"):
-                    row["speedup_vs_sequential"] = t_seq / row["time_s"]
-                finish(row, name)
-            if not args.skip_blackjax:
-                if blackjax is None:
-                    row = {"method": "blackjax", "T": T, "skipped":
-                           "blackjax not importable"}
-                else:
-                    row = attempt(
-                        "blackjax",
-                        lambda T=T: run_blackjax(blackjax, bench, data, state0, T,
-                                                 key_bjx, args.repeats),
-                        T=T,
-                    )
-                if t_seq and row.get("time_s"):
-                    row["speedup_vs_sequential"] = t_seq / row["time_s"]
-                finish(row, name)
-            for row in rows:
-                if (row.get("model") == name and row.get("T") == T
-                        and row.get("method") != "nuts" and nuts_ess_per_s
-                        and row.get("ess_per_s") is not None):
-                    row["ess_per_s_vs_nuts"] = row["ess_per_s"] / nuts_ess_per_s
-            save()
+        def add(row):
+            self.finish(row, name)
+            new_rows.append(row)
 
-    save()
-    print()
-    for note in results["notes"]:
-        print(f"note: {note}")
-    print(f"wrote {args.json}")
-    print(f"{common.describe_machine(info)}; warmup {args.warmup}; "
-          f"timed runs exclude compilation; speed-up 'vs seq' = sequential time / "
-          f"time; 'vs NUTS' = ESS/s / NUTS ESS/s")
-    print(common.format_table([_display(r) for r in rows], COLUMNS))
+        deer = self.attempt(
+            "deer", self.deer_row, model, "deer", num_draws, block_size, **fields
+        )
+        add(deer)
+        t_seq = None
+        if not args.skip_sequential:
+            row = self.attempt(
+                "sequential",
+                self.deer_row,
+                model,
+                "sequential",
+                num_draws,
+                block_size,
+                **fields,
+            )
+            t_seq = row.get("time_s")
+            add(row)
+        if not args.skip_stock:
+            if num_draws <= args.stock_max_draws:
+                row = self.attempt(
+                    "stock",
+                    self.deer_row,
+                    model,
+                    "stock",
+                    num_draws,
+                    block_size,
+                    **fields,
+                )
+            else:
+                limit = args.stock_max_draws
+                row = dict(fields, skipped=f"T > --stock-max-draws {limit}")
+                row["method"] = "stock"
+            add(row)
+        if not args.skip_blackjax:
+            if self.blackjax is None:
+                row = {"method": "blackjax", "T": num_draws}
+                row["skipped"] = "blackjax not importable"
+            else:
+                row = self.attempt(
+                    "blackjax",
+                    run_blackjax_with_precision,
+                    args,
+                    self.blackjax,
+                    model.bench,
+                    model.data,
+                    model.state0,
+                    num_draws,
+                    model.key_bjx,
+                    _timing_options(args),
+                    T=num_draws,
+                )
+            add(row)
+        for row in new_rows:
+            if t_seq and row.get("time_s"):
+                row["speedup_vs_sequential"] = t_seq / row["time_s"]
+            if nuts_ess_per_s and row.get("ess_per_s") is not None:
+                row["ess_per_s_vs_nuts"] = row["ess_per_s"] / nuts_ess_per_s
+        model.deer_draws = None
+        self.save()
+
+    def deer_row(self, model, method, num_draws, block_size):
+        """A ``deer``, ``sequential`` or ``stock`` row (same post-warmup state, key)."""
+        args = self.args
+        model_args, model_kwargs = model.data
+        kernel_method = "sequential" if method == "sequential" else "deer"
+        kernel = _setup.make_kernel(
+            model.bench, block_size, kernel_method, self.options
+        )
+        state = _setup.attach(
+            kernel, model.state0, model_args, model_kwargs, args.warmup
+        )
+        run = run_stock if method == "stock" else run_block_driver
+        (samples, extra, last), timing = run(
+            kernel,
+            state,
+            model.data,
+            args.warmup,
+            num_draws,
+            model.key_run,
+            _timing_options(args),
+        )
+        row = _deer_row(samples, extra, last, timing, num_draws, block_size)
+        row["kernel"] = _setup.describe_kernel(kernel)
+        row["accept_rate"] = float(np.mean(np.asarray(extra["accept_prob"])))
+        row["divergences"] = int(np.sum(np.asarray(extra["diverging"])))
+        flat = common.flatten_draws(_first_chain(samples))
+        if method == "deer":
+            model.deer_draws = flat
+        elif model.deer_draws is not None:
+            row.update(common.compare_draws(model.deer_draws, flat, args.match_tol))
+            row["within_tol"] = row["agree_fraction"] == 1.0
+        if method == "sequential":
+            for key in (
+                "newton_its_median",
+                "newton_its_max",
+                "newton_its_per_block",
+                "blocks_converged_fraction",
+                "last_block_residual",
+                "last_block_front",
+            ):
+                row.pop(key, None)
+        return row
+
+    # ------------------------------------------------------------------ main
+    def run(self):
+        args = self.args
+        print(
+            f"# suite: {', '.join(args.models)}; T in {args.draws}; "
+            f"{common.describe_machine(self.info)}",
+            flush=True,
+        )
+        for model_index, name in enumerate(args.models):
+            self.run_model(model_index, name)
+        self.save()
+        print()
+        for note in self.results["notes"]:
+            print(f"note: {note}")
+        print(f"wrote {args.json}")
+        print(
+            f"{common.describe_machine(self.info)}; warmup {args.warmup}; timed runs "
+            "exclude compilation; 'vs seq' = sequential time / time; 'vs NUTS' = "
+            "ESS/s / NUTS's ESS/s"
+        )
+        print(common.format_table([_display(r) for r in self.rows], COLUMNS))
+
+
+class ModelRun:
+    """What the rows of one model share."""
+
+    def __init__(self, bench, data, key_run, key_bjx):
+        self.bench = bench
+        self.data = data
+        self.key_run = key_run
+        self.key_bjx = key_bjx
+        self.state0 = None
+        self.deer_draws = None
+
+
+def main(argv=None):
+    global ESS_BACKEND
+    args = parse_args(argv)
+    ESS_BACKEND = args.ess_backend
+    Suite(args).run()
 
 
 if __name__ == "__main__":

@@ -18,7 +18,12 @@ included (float32). For example::
 import argparse
 import time
 
+import jax
+import numpy as np
 import numpyro
+
+from numpyro_deer import DEERMALA, MCMC
+from numpyro_deer.models import eight_schools, make_eight_schools_data
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -58,12 +63,6 @@ def main(args: argparse.Namespace) -> None:
     if args.chain_method == "parallel":
         numpyro.set_host_device_count(args.num_chains)
     numpyro.enable_x64(args.x64)
-
-    import jax
-    import numpy as np
-
-    from numpyro_deer import DEERMALA, MCMC
-    from numpyro_deer.models import eight_schools, make_eight_schools_data
 
     (sigma,), data = make_eight_schools_data()
     kernel = DEERMALA(eight_schools, block_size=args.block_size, method=args.method)

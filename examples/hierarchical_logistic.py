@@ -21,7 +21,15 @@ For example::
 import argparse
 import time
 
+import jax
+import numpy as np
 import numpyro
+
+from numpyro_deer import DEERMALA, MCMC
+from numpyro_deer.models import (
+    hierarchical_logistic_regression,
+    make_hierarchical_logistic_data,
+)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -69,15 +77,6 @@ def main(args: argparse.Namespace) -> None:
     if args.chain_method == "parallel":
         numpyro.set_host_device_count(args.num_chains)
     numpyro.enable_x64(args.x64)
-
-    import jax
-    import numpy as np
-
-    from numpyro_deer import DEERMALA, MCMC
-    from numpyro_deer.models import (
-        hierarchical_logistic_regression,
-        make_hierarchical_logistic_data,
-    )
 
     model_args, data = make_hierarchical_logistic_data(
         seed=args.data_seed,

@@ -19,7 +19,15 @@ For example::
 import argparse
 import time
 
+import jax
+import numpy as np
 import numpyro
+
+from numpyro_deer import DEERMALA, MCMC
+from numpyro_deer.models import (
+    logistic_regression,
+    make_logistic_regression_data,
+)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -66,15 +74,6 @@ def main(args: argparse.Namespace) -> None:
     if args.chain_method == "parallel":
         numpyro.set_host_device_count(args.num_chains)
     numpyro.enable_x64(args.x64)
-
-    import jax
-    import numpy as np
-
-    from numpyro_deer import DEERMALA, MCMC
-    from numpyro_deer.models import (
-        logistic_regression,
-        make_logistic_regression_data,
-    )
 
     (X,), data = make_logistic_regression_data(
         seed=args.data_seed, num_obs=args.num_obs, num_features=args.num_features

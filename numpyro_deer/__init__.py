@@ -32,6 +32,8 @@ from ._newton import newton_iterates as newton_iterates
 from ._scan import scan_dense as scan_dense
 from ._scan import scan_diagonal as scan_diagonal
 from ._scan import scan_sequential as scan_sequential
+from ._sharded import sharded_deer_solve as sharded_deer_solve
+from ._sharded import time_mesh as time_mesh
 
 __version__ = "0.1.0.dev0"
 
@@ -62,4 +64,6 @@ __all__ = [
     "scan_diagonal",
     "scan_sequential",
     "sequential_chain",
+    "sharded_deer_solve",
+    "time_mesh",
 ]

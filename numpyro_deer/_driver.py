@@ -1,8 +1,8 @@
 """``numpyro_deer.MCMC``: a drop-in ``numpyro.infer.MCMC`` advancing a block per loop.
 
 Stock ``MCMC`` calls the kernel once per draw; on a GPU that loop alone costs
-more than a sequential MALA step (``../DESIGN.md`` section 3). For a block kernel
-(one with ``block_refill`` and ``block_emit``, such as
+more than a sequential MALA step (see the benchmarks page of the docs). For a
+block kernel (one with ``block_refill`` and ``block_emit``, such as
 :class:`~numpyro_deer.DEERMALA`) this driver instead
 
 * runs warmup as a compiled loop of the kernel's own ``sample`` (so warmup is
@@ -67,10 +67,12 @@ class MCMC(numpyro.infer.MCMC):
     a :class:`~numpyro_deer.DEERMALA` kernel it advances one block of draws per
     loop iteration; other kernels run exactly as in NumPyro.
 
-    Example:
-        >>> from numpyro_deer import DEERMALA, MCMC
-        >>> mcmc = MCMC(DEERMALA(model), num_warmup=1000, num_samples=100_000)
-        >>> mcmc.run(jax.random.PRNGKey(0), X, y)  # doctest: +SKIP
+    Example::
+
+        from numpyro_deer import DEERMALA, MCMC
+
+        mcmc = MCMC(DEERMALA(model), num_warmup=1000, num_samples=100_000)
+        mcmc.run(jax.random.PRNGKey(0), X, y)
     """
 
     def __init__(self, sampler, **kwargs):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from functools import partial
 from typing import Any
@@ -84,12 +85,25 @@ class DEERMALA(MCMCKernel):
         clip: clip of the diagonal Jacobian (``None`` for none).
         gate: derivative of the accept decision: ``"hard"``, ``"sigmoid"`` or a
             gate object such as ``SigmoidGate(temperature=0.5)``.
-        adapt_step_size, adapt_mass_matrix, dense_mass, target_accept_prob:
-            warmup adaptation, as in NumPyro's ``HMC``. ``0.574`` is the
-            optimal MALA acceptance rate (Roberts and Rosenthal, 1998).
+        adapt_step_size: adapt the step size in warmup (dual averaging).
+        adapt_mass_matrix: adapt the mass matrix in warmup (windowed Welford).
+        dense_mass: dense rather than diagonal mass matrix.
+        target_accept_prob: acceptance rate the step size is adapted to;
+            ``0.574`` is the optimal MALA rate (Roberts and Rosenthal, 1998).
         init_strategy: NumPyro initialization strategy.
-        atol, rtol, max_iter, max_solves, damping, window: the Newton solver,
-            see :class:`numpyro_deer.DEERSolver`.
+        atol: absolute tolerance of the solver (see ``DEERSolver``).
+        rtol: relative tolerance of the solver.
+        max_iter: Newton iterations per solve.
+        max_solves: solves per block (each restarts at the front); a block
+            not done after ``max_iter * max_solves`` iterations is computed
+            sequentially instead and reported as not converged.
+        damping: the Jacobian is scaled by ``1 - damping``.
+        window: steps per Newton iteration (``None``: the whole block).
+        matmul_precision: precision of matrix products inside the kernel
+            (``jax.default_matmul_precision``), ``"highest"`` by default so
+            that float32 products are not computed in TF32 on GPUs, which
+            would make the batched and the sequential chain differ; ``None``
+            keeps JAX's setting.
         method: ``"deer"`` (parallel Newton) or ``"sequential"``: the same
             taped chain computed by :func:`jax.lax.scan`, one step after the
             other (the reference; useful on CPU and for checking).
@@ -117,10 +131,11 @@ class DEERMALA(MCMCKernel):
         atol: float | None = None,
         rtol: float | None = None,
         max_iter: int = 100,
-        max_solves: int = 10,
+        max_solves: int = 3,
         damping: float = 0.0,
         window: int | None = None,
         method: str = "deer",
+        matmul_precision: str | None = "highest",
         validate_model: bool = True,
     ):
         if (model is None) == (potential_fn is None):
@@ -156,6 +171,7 @@ class DEERMALA(MCMCKernel):
                 f"method={method!r}: use 'deer' (parallel Newton) or 'sequential'."
             )
         self._method = method
+        self._matmul_precision = matmul_precision
         self._gate = _gate_from_name(gate)
         self._model = model
         self._potential_fn = potential_fn
@@ -293,11 +309,13 @@ class DEERMALA(MCMCKernel):
                 block=empty_block(self._block_size, z_flat, key),
             )
 
+        with self._precision():
+            state = (jax.jit(jax.vmap(init_one)) if vectorized else jax.jit(init_one))(
+                init_params, rng_key
+            )
         if vectorized:
-            state = jax.jit(jax.vmap(init_one))(init_params, rng_key)
             self._sample_fn = self._sample_vectorized
         else:
-            state = jax.jit(init_one)(init_params, rng_key)
             self._sample_fn = self._sample_one
         _check_initial_potential(state.potential_energy)
         return state
@@ -328,8 +346,17 @@ class DEERMALA(MCMCKernel):
             rng_key=rng_key,
         )
 
+    def _precision(self):
+        if self._matmul_precision is None:
+            return contextlib.nullcontext()
+        return jax.default_matmul_precision(self._matmul_precision)
+
     def block_warmup(self, state, model_args, model_kwargs, batched=False):
         """One warmup step (the driver calls this while ``i < num_warmup``)."""
+        with self._precision():
+            return self._block_warmup(state, model_args, model_kwargs, batched)
+
+    def _block_warmup(self, state, model_args, model_kwargs, batched):
         potential_flat = self._potential_flat(model_args, model_kwargs)
         _, wa_update = self._adapter(potential_flat)
         step = partial(self._warmup_step, potential_flat, wa_update)
@@ -337,6 +364,10 @@ class DEERMALA(MCMCKernel):
 
     def block_refill(self, state, model_args, model_kwargs, batched=False):
         """Solve a new block where the buffer is used up or the key was replaced."""
+        with self._precision():
+            return self._block_refill(state, model_args, model_kwargs, batched)
+
+    def _block_refill(self, state, model_args, model_kwargs, batched):
         potential_flat = self._potential_flat(model_args, model_kwargs)
         ravel = lambda z: ravel_pytree(z)[0]  # noqa: E731
 
@@ -387,7 +418,8 @@ class DEERMALA(MCMCKernel):
         )
 
     def sample(self, state, model_args, model_kwargs):
-        return self._sample_fn(state, model_args, model_kwargs)
+        with self._precision():
+            return self._sample_fn(state, model_args, model_kwargs)
 
     def postprocess_fn(self, model_args, model_kwargs):
         if self._postprocess_fn is None:

@@ -64,7 +64,7 @@ class DEERSolver:
     atol: float | None = None
     rtol: float | None = None
     max_iter: int = 100
-    max_solves: int = 10
+    max_solves: int = 3
     damping: float = 0.0
     window: int | None = None
 
@@ -136,15 +136,22 @@ def _newton_iteration(
     key: Array,
     carry: _Carry,
 ) -> _Carry:
-    """One Newton iteration on the window that starts at the front."""
+    """One Newton iteration on the window.
+
+    A window shorter than the block starts at the front and slides with it; a
+    window of the whole block stays put, so every step is evaluated in the same
+    row of the batch in every iteration (bitwise-stable values, whatever the
+    device's reduction order).
+    """
     front = carry.front
     dtype = carry.states.dtype
     atol, rtol = solver.tolerances(dtype)
+    start = front if window < num_steps else jnp.zeros_like(front)
 
-    prev = jax.lax.dynamic_slice_in_dim(carry.states, front, window)
-    cur = jax.lax.dynamic_slice_in_dim(carry.states, front + 1, window)
+    prev = jax.lax.dynamic_slice_in_dim(carry.states, start, window)
+    cur = jax.lax.dynamic_slice_in_dim(carry.states, start + 1, window)
     tape_w = jax.tree.map(
-        lambda x: jax.lax.dynamic_slice_in_dim(x, front, window), tape
+        lambda x: jax.lax.dynamic_slice_in_dim(x, start, window), tape
     )
     lin = solver.jacobian.linearize(
         step_fn, prev, tape_w, jax.random.fold_in(key, carry.iteration)
@@ -152,16 +159,19 @@ def _newton_iteration(
     values = lin.values
 
     index = jnp.arange(window)
-    valid = front + index < num_steps
+    step = start + index  # 0-based step index of each row
+    valid = step < num_steps
+    certified = step < front
     error = jnp.abs(cur - values)
-    passed = jnp.all(error <= atol + rtol * jnp.abs(values), axis=-1) | ~valid
+    passed = jnp.all(error <= atol + rtol * jnp.abs(values), axis=-1)
+    passed = passed | ~valid | certified
     num_passed = jnp.sum(jnp.cumprod(passed.astype(jnp.int32)), dtype=jnp.int32)
-    frozen = (index < num_passed) & valid
+    frozen = (index < num_passed) & valid & ~certified  # newly certified
     residual = jnp.maximum(
         carry.residual, jnp.max(jnp.where(frozen, jnp.max(error, axis=-1), 0.0))
     )
     aux_w = jax.tree.map(
-        lambda x: jax.lax.dynamic_slice_in_dim(x, front, window), carry.aux
+        lambda x: jax.lax.dynamic_slice_in_dim(x, start, window), carry.aux
     )
     aux_w = jax.tree.map(
         lambda new, old: jnp.where(
@@ -184,16 +194,16 @@ def _newton_iteration(
     new_cur = solver.jacobian.scan(A, b)
 
     nonfinite = carry.nonfinite | ~jnp.all(jnp.isfinite(new_cur) | ~valid[:, None])
-    states = jax.lax.dynamic_update_slice_in_dim(carry.states, new_cur, front + 1, 0)
+    states = jax.lax.dynamic_update_slice_in_dim(carry.states, new_cur, start + 1, 0)
     aux = jax.tree.map(
-        lambda full, part: jax.lax.dynamic_update_slice_in_dim(full, part, front, 0),
+        lambda full, part: jax.lax.dynamic_update_slice_in_dim(full, part, start, 0),
         carry.aux,
         aux_w,
     )
     return _Carry(
         states=states,
         aux=aux,
-        front=jnp.minimum(front + num_passed, num_steps),
+        front=jnp.minimum(start + num_passed, num_steps),
         iteration=carry.iteration + 1,
         residual=residual,
         nonfinite=nonfinite,
@@ -211,16 +221,18 @@ def _initial_carry(
     num_steps = jax.tree.leaves(tape)[0].shape[0]
     if init_states is None:
         init_states = jnp.broadcast_to(x0, (num_steps,) + x0.shape)
+    # a sliding window reads up to one window past the end: pad by a window
+    pad = window if window < num_steps else 0
     states = jnp.concatenate(
-        [x0[None], init_states, jnp.broadcast_to(x0, (window,) + x0.shape)]
+        [x0[None], init_states, jnp.broadcast_to(x0, (pad,) + x0.shape)]
     )
     padded_tape = jax.tree.map(
-        lambda x: jnp.concatenate([x, jnp.zeros((window,) + x.shape[1:], x.dtype)]),
+        lambda x: jnp.concatenate([x, jnp.zeros((pad,) + x.shape[1:], x.dtype)]),
         tape,
     )
     _, aux_shape = jax.eval_shape(step_fn, x0, jax.tree.map(lambda x: x[0], tape))
     aux = jax.tree.map(
-        lambda s: jnp.zeros((num_steps + window,) + s.shape, s.dtype), aux_shape
+        lambda s: jnp.zeros((num_steps + pad,) + s.shape, s.dtype), aux_shape
     )
     zero = jnp.zeros((), jnp.int32)
     carry = _Carry(

@@ -23,18 +23,20 @@ of a one-dimensional :class:`jax.sharding.Mesh`: device ``d`` holds the steps
    least one step per iteration and the first ``k`` states are exact after
    ``k`` iterations.
 4. **Linear step.** The affine recursion ``s_t = A_t s_{t-1} + b_t`` is solved
-   in two levels. A local associative scan gives each step's composed map
-   from the start of the slice, ``s_t = P_t s_in + c_t``; the slice totals
-   ``(P_L, c_L)`` of all devices are all-gathered (``n`` small matrices or
-   vectors), scanned over the devices with the same :func:`scan_diagonal` /
-   :func:`scan_dense`, and device ``d`` applies its incoming state ``s_in``
-   (the end state of device ``d - 1``). Global step 1 always has ``A = 0``
-   (it is frozen or the first unfrozen step), so ``s_0`` never enters the
-   scan, as in the unsharded solver.
+   in two levels. Each device scans its slice from a zero incoming state
+   (:func:`scan_diagonal` / :func:`scan_dense`, as in ``deer_solve``), giving
+   ``c_t``; its whole slice is the affine map ``(P, c_L)`` with
+   ``P = A_L ... A_1``. These ``n`` maps are all-gathered and scanned over the
+   devices, which gives each device its incoming state ``s_in`` (the end state
+   of device ``d - 1``); a second scan of the slice adds the response
+   ``A_t ... A_1 s_in``. Global step 1 always has ``A = 0`` (it is frozen or
+   the first unfrozen step), so ``s_0`` never enters the scan, as in the
+   unsharded solver. On a one-device mesh only the first scan runs.
 
 Devices exchange ``O(D)`` (diagonal) or ``O(D^2)`` (dense) numbers per
-iteration, whatever ``T``; the work per device is that of a block of ``L``
-steps plus a scan of length ``n``.
+iteration, whatever ``T``, in six small collectives; the work per device is
+that of a block of ``L`` steps with two scans instead of one, plus a scan of
+length ``n``.
 
 The whole block is solved at every iteration (``solver.window`` is ignored: a
 window that follows the front would leave the devices behind it idle).
@@ -59,13 +61,7 @@ from jax.sharding import Mesh, PartitionSpec
 
 from ._jacobian import StepFn
 from ._newton import DEERSolver, NewtonInfo
-from ._scan import (
-    AffineElement,
-    _combine_dense,
-    _combine_diagonal,
-    scan_dense,
-    scan_diagonal,
-)
+from ._scan import scan_dense, scan_diagonal
 
 try:  # jax >= 0.6.1
     _shard_map_fn = jax.shard_map
@@ -118,27 +114,37 @@ class _Carry(NamedTuple):
     nonfinite: Array
 
 
-def _local_prefix(dense: bool, A: Array, b: Array) -> AffineElement:
-    """All prefix compositions of the slice's affine maps (``P_t``, ``c_t``)."""
-    combine = _combine_dense if dense else _combine_diagonal
-    return jax.lax.associative_scan(jax.vmap(combine), AffineElement(A, b))
+def _compose_all(dense: bool, A: Array) -> Array:
+    """``A_L ... A_1``: the transition of the whole slice."""
+    if not dense:
+        return jnp.prod(A, axis=0)
+    # pairwise batched products, log2(L) levels; a later step multiplies on the left
+    while A.shape[0] > 1:
+        if A.shape[0] % 2:
+            A = jnp.concatenate([A, jnp.eye(A.shape[-1], dtype=A.dtype)[None]])
+        A = jnp.einsum("tij,tjk->tik", A[1::2], A[0::2])
+    return A[0]
 
 
 def _sharded_affine_scan(
-    dense: bool, A: Array, b: Array, axis_name: str, device: Array
+    dense: bool, A: Array, b: Array, axis_name: str, device: Array, num_devices: int
 ) -> Array:
     """The recursion ``s_t = A_t s_{t-1} + b_t`` (``s_0 = 0``) over all devices."""
-    # The barrier keeps XLA from fusing the scan's down-sweep into the consumers
-    # below: on a GPU that fusion recomputed it per element and cost 3x the
-    # whole unsharded iteration (H200, T = 65536, D = 16).
-    prefix = jax.lax.optimization_barrier(_local_prefix(dense, A, b))
-    totals_A = jax.lax.all_gather(prefix.A[-1], axis_name)  # (n, D) or (n, D, D)
-    totals_b = jax.lax.all_gather(prefix.b[-1], axis_name)  # (n, D)
-    ends = (scan_dense if dense else scan_diagonal)(totals_A, totals_b)
+    scan = scan_dense if dense else scan_diagonal
+    # The slice's states from a zero incoming state; the same scan as deer_solve.
+    local = scan(A, b)
+    if num_devices == 1:
+        return local
+    totals_A = jax.lax.all_gather(_compose_all(dense, A), axis_name)  # (n, D[, D])
+    totals_b = jax.lax.all_gather(local[-1], axis_name)  # (n, D)
+    ends = scan(totals_A, totals_b)  # the state at the end of each device's slice
     incoming = jnp.concatenate([jnp.zeros_like(ends[:1]), ends[:-1]])[device]
-    if dense:
-        return jnp.einsum("tij,j->ti", prefix.A, incoming) + prefix.b
-    return prefix.A * incoming + prefix.b
+    # Add the response to the incoming state, s_t += A_t ... A_1 s_in, with a
+    # second scan of the same kind. (Returning every prefix product A_t ... A_1
+    # from one scan is the same arithmetic, but XLA fused that scan into a single
+    # kernel that ran 3x slower than the whole unsharded iteration on an H200.)
+    first = (A[0] @ incoming) if dense else A[0] * incoming
+    return local + scan(A, jnp.zeros_like(b).at[0].set(first))
 
 
 def _sharded_iteration(
@@ -200,7 +206,7 @@ def _sharded_iteration(
     fixed = (index <= front)[:, None]
     b = jnp.where(index[:, None] < front, cur, jnp.where(fixed, values, offset))
     A = jnp.where(fixed[..., None] if dense else fixed, 0.0, J)
-    new_cur = _sharded_affine_scan(dense, A, b, axis_name, device)
+    new_cur = _sharded_affine_scan(dense, A, b, axis_name, device, num_devices)
 
     local_bad = ~jnp.all(jnp.isfinite(new_cur))
     bad = jax.lax.pmax(local_bad.astype(jnp.int32), axis_name) > 0

@@ -5,8 +5,8 @@ import pickle
 import jax
 import numpy as np
 import pytest
-from numpyro.infer import NUTS
 from numpyro.infer import MCMC as StockMCMC
+from numpyro.infer import NUTS
 
 from numpyro_deer import DEERMALA, MCMC, DEERConvergenceWarning
 from numpyro_deer.models import (
@@ -139,7 +139,9 @@ def test_unconverged_blocks_fall_back_and_warn():
     kernel = DEERMALA(gaussian_mean_model, block_size=64, max_iter=2, max_solves=1)
     mcmc = MCMC(kernel, num_warmup=50, num_samples=128, progress_bar=False)
     with pytest.warns(DEERConvergenceWarning, match="2 of 2 blocks"):
-        mcmc.run(jax.random.PRNGKey(5), *args, **kwargs, extra_fields=("deer_converged",))
+        mcmc.run(
+            jax.random.PRNGKey(5), *args, **kwargs, extra_fields=("deer_converged",)
+        )
     assert not np.any(mcmc.get_extra_fields()["deer_converged"])
     reference = MCMC(
         DEERMALA(gaussian_mean_model, block_size=64, method="sequential"),

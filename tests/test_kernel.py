@@ -107,9 +107,7 @@ def test_rerun_on_new_data_uses_new_data():
     for value in (3.0, -3.0):
         args, kwargs = _gaussian_data(value)
         mcmc.run(jax.random.PRNGKey(0), *args, **kwargs)
-        np.testing.assert_allclose(
-            np.mean(mcmc.get_samples()["mu"]), value, atol=0.15
-        )
+        np.testing.assert_allclose(np.mean(mcmc.get_samples()["mu"]), value, atol=0.15)
 
 
 def test_potential_fn_path_needs_init_params():

@@ -28,7 +28,7 @@ from numpyro_deer import (
     make_tape,
     sequential_chain,
 )
-from numpyro_deer._sharded import sharded_deer_solve, time_mesh
+from numpyro_deer._sharded import _compose_all, sharded_deer_solve, time_mesh
 
 DIM = 5
 NUM_STEPS = 64
@@ -123,6 +123,25 @@ def test_sharded_equals_unsharded_and_sequential(problem, unsharded, name, num_d
     # The result stays distributed along the time axis.
     assert states.sharding.mesh.shape == mesh.shape
     assert states.sharding.spec == PartitionSpec("time")
+
+
+def test_one_device_mesh_is_the_chain(problem, unsharded):
+    """A one-device mesh takes the path without the cross-device scan."""
+    (states, _, info), _ = _sharded(problem, _solver("stochastic"), 1)
+    assert bool(info.converged) and int(info.front) == NUM_STEPS
+    np.testing.assert_allclose(states, unsharded("stochastic")[0], rtol=0, atol=TOL)
+    np.testing.assert_allclose(states, problem["states"], rtol=0, atol=TOL)
+
+
+@pytest.mark.parametrize("dense", [False, True])
+def test_compose_all_is_the_ordered_product(dense):
+    """The slice's transition ``A_L ... A_1``, odd lengths included."""
+    shape = (7, 3, 3) if dense else (7, 3)
+    A = jax.random.normal(jax.random.PRNGKey(0), shape)
+    expected = A[0]
+    for A_t in A[1:]:
+        expected = A_t @ expected if dense else A_t * expected
+    np.testing.assert_allclose(_compose_all(dense, A), expected, rtol=1e-12)
 
 
 def test_iteration_cap_keeps_an_exact_front(problem, unsharded):
