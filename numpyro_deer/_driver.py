@@ -26,6 +26,7 @@ import warnings
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import numpyro.infer
 import tqdm
 
@@ -246,7 +247,7 @@ class MCMC(numpyro.infer.MCMC):
         if isinstance(state.i, jax.core.Tracer):
             start = self.num_warmup if compat.has_post_warmup_state(self) else 0
         else:
-            start = int(jnp.min(state.i))
+            start = int(np.min(np.asarray(state.i)))
         return max(0, min(upper, self.num_warmup - start))
 
     def _run_with_progress(
