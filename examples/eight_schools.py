@@ -16,90 +16,24 @@ included (float32). For example::
 """
 
 import argparse
-import time
 
-import jax
-import numpy as np
-import numpyro
+from _common import configure_jax, sample_and_report, sampler_parser
 
-from numpyro_deer import DEERMALA, MCMC
+from numpyro_deer import DEERMALA
 from numpyro_deer.models import eight_schools, make_eight_schools_data
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--num-warmup", type=int, default=500)
-    parser.add_argument("--num-samples", type=int, default=2000)
-    parser.add_argument("--num-chains", type=int, default=1)
-    parser.add_argument(
-        "--chain-method",
-        default="sequential",
-        choices=["sequential", "vectorized", "parallel"],
-    )
-    parser.add_argument("--block-size", type=int, default=256)
-    parser.add_argument(
-        "--method",
-        default="deer",
-        choices=["deer", "sequential"],
-        help="'deer' (parallel Newton) or 'sequential' (the same chain, lax.scan)",
-    )
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument(
-        "--x64", action="store_true", help="compute in float64 (default float32)"
-    )
-    parser.add_argument(
-        "--device", default=None, choices=["cpu", "gpu"], help="default: JAX's choice"
-    )
-    parser.add_argument(
-        "--progress-bar", action=argparse.BooleanOptionalAction, default=True
-    )
+    parser = sampler_parser(__doc__.split("\n\n")[0], num_warmup=500)
     return parser.parse_args(argv)
 
 
 def main(args: argparse.Namespace) -> None:
-    # JAX settings first: they must come before any array is created.
-    if args.device is not None:
-        numpyro.set_platform(args.device)
-    if args.chain_method == "parallel":
-        numpyro.set_host_device_count(args.num_chains)
-    numpyro.enable_x64(args.x64)
+    configure_jax(args)
 
     (sigma,), data = make_eight_schools_data()
     kernel = DEERMALA(eight_schools, block_size=args.block_size, method=args.method)
-    mcmc = MCMC(
-        kernel,
-        num_warmup=args.num_warmup,
-        num_samples=args.num_samples,
-        num_chains=args.num_chains,
-        chain_method=args.chain_method,
-        progress_bar=args.progress_bar,
-    )
-    start = time.perf_counter()
-    mcmc.run(
-        jax.random.PRNGKey(args.seed),
-        sigma,
-        y=data["y"],
-        extra_fields=("newton_iterations", "deer_converged"),
-    )
-    elapsed = time.perf_counter() - start
-    mcmc.print_summary()
-
-    fields = mcmc.get_extra_fields(group_by_chain=True)
-    # one value per block: the draws of a block share its solve's fields
-    per_block = np.asarray(fields["newton_iterations"])[:, :: args.block_size]
-    converged = np.asarray(fields["deer_converged"])[:, :: args.block_size]
-    print(f"devices: {jax.devices()}")
-    print(
-        f"{args.num_chains} x {args.num_samples} draws in {elapsed:.1f} s "
-        f"(compilation included), method={args.method}, "
-        f"block_size={args.block_size}"
-    )
-    if args.method == "deer":
-        print(
-            f"Newton iterations per block: mean {per_block.mean():.1f}, "
-            f"max {per_block.max()}; blocks solved by DEER: "
-            f"{converged.sum()} of {converged.size}"
-        )
+    sample_and_report(kernel, args, sigma, y=data["y"])
 
 
 if __name__ == "__main__":

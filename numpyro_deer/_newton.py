@@ -32,6 +32,7 @@ under :func:`jax.lax.while_loop` with no host synchronisation.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -241,6 +242,55 @@ def _initial_carry(
     return carry, padded_tape
 
 
+def solve_loop(
+    iteration: Callable[[_Carry], _Carry],
+    carry: _Carry,
+    num_steps: int,
+    solver: DEERSolver,
+) -> tuple[_Carry, NewtonInfo]:
+    """Run ``iteration`` in solves of at most ``solver.max_iter`` iterations.
+
+    Each solve restarts at the front with the current iterate. Stops when the
+    block passes, a solve makes no progress, an iterate turns non-finite, or
+    ``solver.max_solves`` solves are spent. Shared by every solver (unsharded
+    and sharded); only the iteration differs.
+    """
+
+    def one_solve(outer):
+        carry, solves, _ = outer
+        start_front = carry.front
+        stop_at = carry.iteration + solver.max_iter
+
+        def go_on(c):
+            return (c.front < num_steps) & (c.iteration < stop_at) & ~c.nonfinite
+
+        carry = jax.lax.while_loop(go_on, iteration, carry)
+        return carry, solves + 1, carry.front > start_front
+
+    def more_solves(outer):
+        carry, solves, progressed = outer
+        return (
+            (carry.front < num_steps)
+            & (solves < solver.max_solves)
+            & progressed
+            & ~carry.nonfinite
+        )
+
+    zero = jnp.zeros((), jnp.int32)
+    carry, solves, _ = jax.lax.while_loop(
+        more_solves, one_solve, (carry, zero, jnp.ones((), bool))
+    )
+    info = NewtonInfo(
+        iterations=carry.iteration,
+        solves=solves,
+        converged=carry.front >= num_steps,
+        front=carry.front,
+        residual=carry.residual,
+        nonfinite=carry.nonfinite,
+    )
+    return carry, info
+
+
 def deer_solve(
     step_fn: StepFn,
     x0: Array,
@@ -278,38 +328,7 @@ def deer_solve(
             step_fn, solver, padded_tape, num_steps, window, key, c
         )
 
-    def one_solve(outer):
-        carry, solves, _ = outer
-        start_front = carry.front
-        stop_at = carry.iteration + solver.max_iter
-
-        def go_on(c):
-            return (c.front < num_steps) & (c.iteration < stop_at) & ~c.nonfinite
-
-        carry = jax.lax.while_loop(go_on, iteration, carry)
-        return carry, solves + 1, carry.front > start_front
-
-    def more_solves(outer):
-        carry, solves, progressed = outer
-        return (
-            (carry.front < num_steps)
-            & (solves < solver.max_solves)
-            & progressed
-            & ~carry.nonfinite
-        )
-
-    zero = jnp.zeros((), jnp.int32)
-    carry, solves, _ = jax.lax.while_loop(
-        more_solves, one_solve, (carry, zero, jnp.ones((), bool))
-    )
-    info = NewtonInfo(
-        iterations=carry.iteration,
-        solves=solves,
-        converged=carry.front >= num_steps,
-        front=carry.front,
-        residual=carry.residual,
-        nonfinite=carry.nonfinite,
-    )
+    carry, info = solve_loop(iteration, carry, num_steps, solver)
     aux = jax.tree.map(lambda x: x[:num_steps], carry.aux)
     return carry.states[1 : num_steps + 1], aux, info
 

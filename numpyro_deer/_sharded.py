@@ -60,7 +60,7 @@ from jax import Array
 from jax.sharding import Mesh, PartitionSpec
 
 from ._jacobian import StepFn
-from ._newton import DEERSolver, NewtonInfo
+from ._newton import DEERSolver, NewtonInfo, solve_loop
 from ._scan import scan_dense, scan_diagonal
 
 try:  # jax >= 0.6.1
@@ -312,37 +312,7 @@ def sharded_deer_solve(
                 step_fn, solver, x0, tape, key, axis_name, num_devices, c
             )
 
-        def one_solve(outer):
-            carry, solves, _ = outer
-            start_front = carry.front
-            stop_at = carry.iteration + solver.max_iter
-
-            def go_on(c):
-                return (c.front < num_steps) & (c.iteration < stop_at) & ~c.nonfinite
-
-            carry = jax.lax.while_loop(go_on, iteration, carry)
-            return carry, solves + 1, carry.front > start_front
-
-        def more_solves(outer):
-            carry, solves, progressed = outer
-            return (
-                (carry.front < num_steps)
-                & (solves < solver.max_solves)
-                & progressed
-                & ~carry.nonfinite
-            )
-
-        carry, solves, _ = jax.lax.while_loop(
-            more_solves, one_solve, (carry, zero, jnp.ones((), bool))
-        )
-        info = NewtonInfo(
-            iterations=carry.iteration,
-            solves=solves,
-            converged=carry.front >= num_steps,
-            front=carry.front,
-            residual=carry.residual,
-            nonfinite=carry.nonfinite,
-        )
+        carry, info = solve_loop(iteration, carry, num_steps, solver)
         return carry.states, carry.aux, info
 
     time, replicated = PartitionSpec(axis_name), PartitionSpec()
