@@ -314,8 +314,9 @@ def _warn_failed_blocks(stats) -> None:
         warnings.warn(
             f"DEER did not converge on {failed} of {blocks} blocks; those blocks were "
             "computed with the sequential scan of the same tape, so the draws are "
-            "exact, but slow. Try a smaller block_size, a larger max_iter, "
-            "adapt_mass_matrix=True or gate='sigmoid' (docs: choosing options).",
+            "exact, but slow. Try a smaller block_size, a larger max_iter or "
+            "gate='sigmoid', or use method='sequential' for this model (docs: "
+            "choosing options, ablation).",
             DEERConvergenceWarning,
             stacklevel=5,
         )

@@ -209,3 +209,33 @@ def test_pickle(warm_driver):
     np.testing.assert_array_equal(
         restored.post_warmup_state.z["mu"], mcmc.post_warmup_state.z["mu"]
     )
+
+
+def test_arviz_conversion(warm_driver):
+    az = pytest.importorskip("arviz")
+    mcmc, args, kwargs = warm_driver
+    mcmc.post_warmup_state = mcmc.last_state or mcmc.post_warmup_state
+    mcmc.run(jax.random.PRNGKey(7), *args, **kwargs)
+    data = az.from_numpyro(mcmc)
+    stats = data.sample_stats
+    for name in ("acceptance_rate", "step_size", "lp", "diverging"):
+        assert name in stats, name
+    assert stats["acceptance_rate"].shape == (1, mcmc.num_samples)
+    np.testing.assert_allclose(
+        np.asarray(data.posterior["mu"]).ravel(), mcmc.get_samples()["mu"]
+    )
+    summary = az.summary(data, var_names=["mu"])
+    assert summary.loc["mu", "mean"] == pytest.approx(2.0, abs=0.3)
+
+
+def test_normal_posterior_mean_and_std(warm_driver):
+    """``mu`` given 20 observations of 2.0 with unit noise and a N(0, 10) prior."""
+    mcmc, args, kwargs = warm_driver
+    mcmc.post_warmup_state = mcmc.last_state
+    mcmc.num_samples = 8192
+    mcmc.run(jax.random.PRNGKey(8), *args, **kwargs)
+    draws = mcmc.get_samples()["mu"]
+    mcmc.num_samples = 150
+    precision = 1 / 10.0**2 + 20
+    np.testing.assert_allclose(np.mean(draws), 40 / precision, rtol=0.07)
+    np.testing.assert_allclose(np.std(draws), precision**-0.5, rtol=0.07)
