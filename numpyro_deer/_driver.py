@@ -30,6 +30,7 @@ import numpy as np
 import numpyro.infer
 import tqdm
 
+from . import _memory as memory
 from . import _numpyro_compat as compat
 
 
@@ -79,10 +80,12 @@ class MCMC(numpyro.infer.MCMC):
     def __init__(self, sampler, **kwargs):
         super().__init__(sampler, **kwargs)
         self._block_fns = {}
+        self._memory_checked = set()
 
     def __getstate__(self):
         state = super().__getstate__()
         state["_block_fns"] = {}
+        state["_memory_checked"] = set()
         return state
 
     # ------------------------------------------------------------- loop fns
@@ -209,6 +212,11 @@ class MCMC(numpyro.infer.MCMC):
             lambda s: jnp.zeros((size,) + s.shape, s.dtype), proto
         )
         total = upper - n_warmup
+        if total > 0 and not isinstance(init_state.i, jax.core.Tracer):
+            self._check_block_memory(
+                block_fn, init_state, collection, n_warmup, total, start_idx,
+                args, kwargs,
+            )  # fmt: skip
         if isinstance(init_state.i, jax.core.Tracer):
             # inside pmap or jit: one compiled loop, no progress bar
             state, collection, _ = run_all(
@@ -241,6 +249,28 @@ class MCMC(numpyro.infer.MCMC):
         if len(collect_fields) == 1:
             collection = (collection,)
         return dict(zip(collect_fields, collection, strict=True)), state
+
+    def _check_block_memory(
+        self, block_fn, state, collection, n_warmup, total, start_idx, args, kwargs
+    ):
+        """Compile one block step ahead of time; compare its memory with the device's.
+
+        Raises ``ValueError`` with a ``block_size`` that fits. Devices without
+        memory statistics (the CPU) are not checked, and each compiled loop is
+        checked once.
+        """
+        free = memory.free_device_bytes()
+        if free is None or id(block_fn) in self._memory_checked:
+            return
+        zero = _i32(0)
+        compiled = block_fn.lower(
+            state, collection, zero, (zero, zero), _i32(n_warmup), _i32(total),
+            _i32(start_idx), args, kwargs,
+        ).compile()  # fmt: skip
+        memory.check_block_memory(
+            memory.compiled_bytes(compiled), free, self.sampler.block_size
+        )
+        self._memory_checked.add(id(block_fn))
 
     def _num_warmup_iterations(self, state, upper: int) -> int:
         """Loop iterations that are warmup steps for this ``run``."""

@@ -239,3 +239,19 @@ def test_normal_posterior_mean_and_std(warm_driver):
     precision = 1 / 10.0**2 + 20
     np.testing.assert_allclose(np.mean(draws), 40 / precision, rtol=0.07)
     np.testing.assert_allclose(np.std(draws), precision**-0.5, rtol=0.07)
+
+
+def test_block_memory_is_checked_against_the_device(monkeypatch):
+    """A block that needs more than the device has free fails before it runs."""
+    from numpyro_deer import _memory
+
+    with pytest.raises(ValueError, match="block_size=2 or smaller"):
+        _memory.check_block_memory(10 * 2**30, 4 * 2**30, 8)
+    _memory.check_block_memory(2**30, 4 * 2**30, 8)  # fits: no error
+    _memory.check_block_memory(2**30, None, 8)  # device without statistics
+
+    monkeypatch.setattr(_memory, "free_device_bytes", lambda device=None: 1024)
+    args, kwargs = gaussian_data(1.0)
+    mcmc = _driver(num_warmup=10, num_samples=64)
+    with pytest.raises(ValueError, match=r"DEERMALA\(block_size=64\) needs about"):
+        mcmc.run(jax.random.PRNGKey(0), *args, **kwargs)
