@@ -120,13 +120,18 @@ def _to_w(mass_sqrt: Array, x: Array) -> Array:
     return jax.scipy.linalg.solve_triangular(mass_sqrt, x, lower=True)
 
 
+def _no_solve_info(dtype) -> NewtonInfo:
+    """The report of a block computed without a Newton solve (none yet, or
+    sequentially): no iterations, nothing failed."""
+    int_zero = jnp.zeros((), jnp.int32)
+    false = jnp.zeros((), bool)
+    return NewtonInfo(int_zero, int_zero, ~false, int_zero, jnp.zeros((), dtype), false)
+
+
 def empty_block(block_size: int, z_flat: Array, rng_key: Array) -> BlockBuffer:
     """A buffer with nothing left to hand out (``index == B``)."""
     zeros = jnp.zeros((block_size,), z_flat.dtype)
-    int_zero = jnp.zeros((), jnp.int32)
-    info = NewtonInfo(
-        int_zero, int_zero, jnp.ones((), bool), int_zero, zeros[0], jnp.zeros((), bool)
-    )
+    info = _no_solve_info(z_flat.dtype)
     return BlockBuffer(
         z=jnp.zeros((block_size,) + z_flat.shape, z_flat.dtype),
         potential_energy=zeros,
@@ -173,7 +178,7 @@ def refill_block(
 
     if solver is None:
         w, step_info = sequential(None)
-        info = empty_block(1, w0, rng_key).info
+        info = _no_solve_info(w0.dtype)
     else:
         step_fn = make_step_fn(potential_w, adapt.step_size, None, gate)
         w, step_info, info = deer_solve(step_fn, w0, tape, key_probe, solver)

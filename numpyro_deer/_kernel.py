@@ -313,10 +313,7 @@ class DEERMALA(MCMCKernel):
             state = (jax.jit(jax.vmap(init_one)) if vectorized else jax.jit(init_one))(
                 init_params, rng_key
             )
-        if vectorized:
-            self._sample_fn = self._sample_vectorized
-        else:
-            self._sample_fn = self._sample_one
+        self._sample_fn = partial(self._sample, batched=vectorized)
         _check_initial_potential(state.potential_energy)
         return state
 
@@ -387,35 +384,23 @@ class DEERMALA(MCMCKernel):
             return jax.vmap(emit, in_axes=(0, None))(state, k)
         return emit(state, k)
 
-    def _sample_one(self, state, model_args, model_kwargs):
-        potential_flat = self._potential_flat(model_args, model_kwargs)
-        _, wa_update = self._adapter(potential_flat)
+    def _sample(self, state, model_args, model_kwargs, batched):
+        """One draw: a warmup step, or the next entry of the (refilled) block.
+
+        With ``batched`` (vectorized chains) the chains share one iteration
+        count and one block index, so both branches are chosen once for all.
+        """
+
+        def warmup(s):
+            return self._block_warmup(s, model_args, model_kwargs, batched)
 
         def sampling(s):
-            s = self.block_refill(s, model_args, model_kwargs)
-            return self.block_emit(s, s.block.index)
+            s = self._block_refill(s, model_args, model_kwargs, batched)
+            index = s.block.index[0] if batched else s.block.index
+            return self.block_emit(s, index, batched=batched)
 
-        return jax.lax.cond(
-            state.i < self._num_warmup,
-            partial(self._warmup_step, potential_flat, wa_update),
-            sampling,
-            state,
-        )
-
-    def _sample_vectorized(self, state, model_args, model_kwargs):
-        potential_flat = self._potential_flat(model_args, model_kwargs)
-        _, wa_update = self._adapter(potential_flat)
-
-        def sampling(s):
-            s = self.block_refill(s, model_args, model_kwargs, batched=True)
-            return self.block_emit(s, s.block.index[0], batched=True)
-
-        return jax.lax.cond(
-            state.i[0] < self._num_warmup,
-            jax.vmap(partial(self._warmup_step, potential_flat, wa_update)),
-            sampling,
-            state,
-        )
+        i = state.i[0] if batched else state.i
+        return jax.lax.cond(i < self._num_warmup, warmup, sampling, state)
 
     def sample(self, state, model_args, model_kwargs):
         with self._precision():
