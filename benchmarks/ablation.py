@@ -48,6 +48,9 @@ VARIANTS: dict[str, dict] = {
     "jacobian=diag": {"jacobian": "diag"},
     "mass=identity": {"mass": "identity"},
     "target=0.8": {"target": 0.8},
+    "target=0.574": {"target": 0.574},
+    "jacobian=full": {"jacobian": "full"},
+    "full+target=0.574": {"jacobian": "full", "target": 0.574},
     "mass=dense": {"mass": "dense"},
     "window=B/8": {"window": 8},
     "block=B/4": {"block": 0.25},
@@ -139,10 +142,11 @@ def run_variant(name, variant, args_ns):
     options = {} if variant == "sequential" else dict(VARIANTS[variant])
     if variant == "sequential":
         options["method"] = "sequential"
-    if options.get("jacobian") == "diag" and spec.latent_dim > args_ns.max_diag_dim:
+    too_big = {"diag": args_ns.max_diag_dim, "full": args_ns.max_full_dim}
+    if spec.latent_dim > too_big.get(options.get("jacobian"), spec.latent_dim):
         return None
     block_size = int(base_b * options.get("block", 1))
-    setting = (name, options.get("mass", "diag"), options.get("target", 0.574))
+    setting = (name, options.get("mass", "diag"), options.get("target", 0.9))
     if setting not in WARM:
         WARM[setting] = _warmup(
             spec.model, args, kwargs, args_ns.warmup, *setting[1:], 0
@@ -197,9 +201,23 @@ def main(argv=None):
     parser.add_argument("--warmup", type=int, default=500)
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--max-diag-dim", type=int, default=64)
+    parser.add_argument("--max-full-dim", type=int, default=256)
     parser.add_argument("--time-budget", type=float, default=1e9, help="seconds")
     parser.add_argument("--json", default="benchmarks/results/ablation.json")
     ns = parser.parse_args(argv)
+    info = {
+        "jax": jax.__version__,
+        "numpyro": numpyro.__version__,
+        "python": platform.python_version(),
+        "device": str(jax.devices()[0].device_kind),
+        "argv": sys.argv,
+    }
+    os.makedirs(os.path.dirname(ns.json) or ".", exist_ok=True)
+
+    def write(rows):
+        with open(ns.json, "w") as f:
+            json.dump({"machine": info, "rows": rows}, f, indent=1)
+
     rows = []
     # variants outermost: when the time budget runs out, the least important
     # variants are the ones left out, on every model alike
@@ -211,16 +229,8 @@ def main(argv=None):
             row = run_variant(name, variant, ns)
             if row is not None:
                 rows.append(row)
-    info = {
-        "jax": jax.__version__,
-        "numpyro": numpyro.__version__,
-        "python": platform.python_version(),
-        "device": str(jax.devices()[0].device_kind),
-        "argv": sys.argv,
-    }
-    os.makedirs(os.path.dirname(ns.json) or ".", exist_ok=True)
-    with open(ns.json, "w") as f:
-        json.dump({"machine": info, "rows": rows}, f, indent=1)
+                write(rows)  # after every row, so a run cut short keeps it
+    write(rows)
     print("\n| model | variant | B | median its | converged | us/draw | vs seq |")
     print("|---|---|---|---|---|---|---|")
     for r in rows:

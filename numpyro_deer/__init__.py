@@ -21,6 +21,7 @@ from ._mala import HardGate as HardGate
 from ._mala import MALATape as MALATape
 from ._mala import SigmoidGate as SigmoidGate
 from ._mala import StepInfo as StepInfo
+from ._mala import finish_chain as finish_chain
 from ._mala import make_step_fn as make_step_fn
 from ._mala import make_tape as make_tape
 from ._mala import mala_proposal_step as mala_proposal_step
@@ -63,6 +64,7 @@ __all__ = [
     "scan_dense",
     "scan_diagonal",
     "scan_sequential",
+    "finish_chain",
     "sequential_chain",
     "sharded_deer_solve",
     "time_mesh",

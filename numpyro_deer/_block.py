@@ -11,8 +11,10 @@ buffer, so both hand out the same chain.
 The block is solved in whitened coordinates ``w = L^{-1} x`` (``M = L L^T`` the
 inverse mass matrix adapted in warmup), where MALA with preconditioner ``M``
 becomes MALA with the identity (Roberts and Stramer, 2002). A block whose DEER
-solve does not pass is recomputed with the sequential scan of the same tape, so
-its draws are exact either way, and ``deer_converged`` says which happened.
+solve does not pass is finished sequentially: the states up to the solve's front
+are kept (each certified against its predecessor) and the rest of the block is
+computed one step after the other with the same tape, so its draws are the chain
+either way, and ``deer_converged`` says which happened.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import jax
 import jax.numpy as jnp
 from jax import Array
 
-from ._mala import Gate, make_step_fn, make_tape, sequential_chain
+from ._mala import Gate, finish_chain, make_step_fn, make_tape, sequential_chain
 from ._newton import DEERSolver, NewtonInfo, deer_solve
 
 
@@ -69,7 +71,8 @@ class DEERMALAState(NamedTuple):
         newton_iterations: Newton iterations of the block the draw came from
             (0 in warmup).
         deer_converged: whether that block's DEER solve passed; ``False`` means
-            the block was computed sequentially instead (draws still exact).
+            the block was finished sequentially from the solve's front (draws
+            still the chain).
         adapt_state: NumPyro's ``HMCAdaptState`` (step size, mass matrix).
         rng_key: random key.
         block: the buffer of the current block (internal).
@@ -183,7 +186,12 @@ def refill_block(
         step_fn = make_step_fn(potential_w, adapt.step_size, None, gate)
         w, step_info, info = deer_solve(step_fn, w0, tape, key_probe, solver)
         w, step_info = jax.lax.cond(
-            info.converged, lambda _: (w, step_info), sequential, None
+            info.converged,
+            lambda _: (w, step_info),
+            lambda _: finish_chain(
+                potential_w, w0, tape, adapt.step_size, w, step_info, info.front
+            ),
+            None,
         )
     accept_prob = step_info.accept_prob
     block = BlockBuffer(

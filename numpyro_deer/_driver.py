@@ -343,10 +343,11 @@ def _warn_failed_blocks(stats) -> None:
     if failed:
         warnings.warn(
             f"DEER did not converge on {failed} of {blocks} blocks; those blocks were "
-            "computed with the sequential scan of the same tape, so the draws are "
-            "exact, but slow. Try a smaller block_size, a larger max_iter or "
-            "gate='sigmoid', or use method='sequential' for this model (docs: "
-            "choosing options, ablation).",
+            "finished one step after the other from the solve's front with the same "
+            "tape, so the draws are the chain, but slower. Try "
+            "target_accept_prob=0.9, jacobian='full' (small models), a larger "
+            "max_iter, or method='sequential' for this model (docs: choosing "
+            "options, ablation).",
             DEERConvergenceWarning,
             stacklevel=5,
         )

@@ -240,6 +240,27 @@ def make_step_fn(
     return step_fn
 
 
+def _carried_step(potential_fn, step_size, mass_sqrt):
+    """One sequential step on ``(x, U(x), grad U(x))``: the gradient is carried,
+    so a step costs one gradient evaluation."""
+
+    def step(carry, tape_t):
+        x, potential_x, grad_x = carry
+        x, potential_x, grad_x, info = mala_proposal_step(
+            potential_fn,
+            x,
+            potential_x,
+            grad_x,
+            tape_t.noise,
+            tape_t.log_u,
+            step_size,
+            mass_sqrt,
+        )
+        return (x, potential_x, grad_x), info
+
+    return step
+
+
 def sequential_chain(
     potential_fn: PotentialFn,
     x0: Array,
@@ -257,20 +278,48 @@ def sequential_chain(
         ``(states, infos)`` with states ``s_1 .. s_T`` of shape ``(T, D)``.
     """
 
+    step = _carried_step(potential_fn, step_size, mass_sqrt)
+
     def body(carry, tape_t):
-        x, potential_x, grad_x = carry
-        x, potential_x, grad_x, info = mala_proposal_step(
-            potential_fn,
-            x,
-            potential_x,
-            grad_x,
-            tape_t.noise,
-            tape_t.log_u,
-            step_size,
-            mass_sqrt,
-        )
-        return (x, potential_x, grad_x), (x, info)
+        carry, info = step(carry, tape_t)
+        return carry, (carry[0], info)
 
     potential0, grad0 = jax.value_and_grad(potential_fn)(x0)
     _, (states, infos) = jax.lax.scan(body, (x0, potential0, grad0), tape)
+    return states, infos
+
+
+def finish_chain(
+    potential_fn: PotentialFn,
+    x0: Array,
+    tape: MALATape,
+    step_size: Array,
+    states: Array,
+    infos: StepInfo,
+    start: Array,
+) -> tuple[Array, StepInfo]:
+    """Complete a partly solved block sequentially from step ``start``.
+
+    ``states[:start]`` (with their ``infos``) are kept, and steps
+    ``start .. T-1`` are computed one after the other from ``states[start - 1]``
+    (``x0`` when ``start == 0``) with the same tape, as :func:`sequential_chain`
+    does. Used when a DEER solve stops before the end of its block: only the
+    steps past its front are recomputed, so a block's cost is never more than
+    the solve's iterations plus ``T - front`` sequential steps.
+    """
+    num_steps = states.shape[0]
+    x_start = jnp.where(start > 0, states[jnp.maximum(start - 1, 0)], x0)
+    potential0, grad0 = jax.value_and_grad(potential_fn)(x_start)
+
+    step = _carried_step(potential_fn, step_size, None)
+
+    def body(t, carry):
+        chain, states, infos = carry
+        chain, info = step(chain, jax.tree.map(lambda a: a[t], tape))
+        states = states.at[t].set(chain[0])
+        infos = jax.tree.map(lambda a, v: a.at[t].set(v), infos, info)
+        return chain, states, infos
+
+    carry = ((x_start, potential0, grad0), states, infos)
+    _, states, infos = jax.lax.fori_loop(start, num_steps, body, carry)
     return states, infos

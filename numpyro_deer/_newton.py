@@ -128,6 +128,19 @@ class _Carry(NamedTuple):
     nonfinite: Array
 
 
+def finite_or_fixed_point(new: Array, values: Array, cur: Array) -> Array:
+    """Rows of the Newton update ``new`` that are not finite take ``F_t``.
+
+    A Newton step can overflow beyond the front (a dense Jacobian with huge
+    entries in a funnel, say). Such rows take the plain fixed-point update
+    ``values = F_t`` instead (or keep ``cur`` if ``F_t`` is not finite either),
+    so the solve goes on; the front logic is unaffected.
+    """
+    row_ok = jnp.all(jnp.isfinite(new), axis=-1, keepdims=True)
+    values_ok = jnp.all(jnp.isfinite(values), axis=-1, keepdims=True)
+    return jnp.where(row_ok, new, jnp.where(values_ok, values, cur))
+
+
 def _newton_iteration(
     step_fn: StepFn,
     solver: DEERSolver,
@@ -193,6 +206,7 @@ def _newton_iteration(
     b = jnp.where(index[:, None] < num_passed, cur, jnp.where(fixed, values, offset))
     A = jnp.where(fixed[..., None] if J.ndim == 3 else fixed, 0.0, J)
     new_cur = solver.jacobian.scan(A, b)
+    new_cur = finite_or_fixed_point(new_cur, values, cur)
 
     nonfinite = carry.nonfinite | ~jnp.all(jnp.isfinite(new_cur) | ~valid[:, None])
     states = jax.lax.dynamic_update_slice_in_dim(carry.states, new_cur, start + 1, 0)

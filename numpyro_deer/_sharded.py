@@ -60,7 +60,7 @@ from jax import Array
 from jax.sharding import Mesh, PartitionSpec
 
 from ._jacobian import StepFn
-from ._newton import DEERSolver, NewtonInfo, solve_loop
+from ._newton import DEERSolver, NewtonInfo, finite_or_fixed_point, solve_loop
 from ._scan import scan_dense, scan_diagonal
 
 try:  # jax >= 0.6.1
@@ -207,6 +207,7 @@ def _sharded_iteration(
     b = jnp.where(index[:, None] < front, cur, jnp.where(fixed, values, offset))
     A = jnp.where(fixed[..., None] if dense else fixed, 0.0, J)
     new_cur = _sharded_affine_scan(dense, A, b, axis_name, device, num_devices)
+    new_cur = finite_or_fixed_point(new_cur, values, cur)
 
     local_bad = ~jnp.all(jnp.isfinite(new_cur))
     bad = jax.lax.pmax(local_bad.astype(jnp.int32), axis_name) > 0

@@ -307,7 +307,7 @@ def stochastic_volatility(returns: ArrayLike) -> None:
     persistence ``phi = 2 phi_raw - 1`` in (-1, 1), ``sigma ~ HalfNormal(1)``,
     non-centred innovations ``eps[t] ~ N(0, 1)``, log variance
     ``h = mu + sigma * x`` with ``x`` the stationary AR(1) path driven by
-    ``eps`` (built with ``lax.scan``), and ``returns[t] ~ N(0, exp(h[t] / 2))``.
+    ``eps`` (a closed-form matrix product), and ``returns[t] ~ N(0, exp(h[t] / 2))``.
     Latent dimension: number of time steps + 3.
 
     Args:

@@ -150,8 +150,10 @@ def test_unconverged_blocks_fall_back_and_warn():
         progress_bar=False,
     )
     reference.run(jax.random.PRNGKey(5), *args, **kwargs)
+    # the states before each solve's front are DEER's (certified to the float64
+    # tolerance), the rest were computed sequentially from the front
     np.testing.assert_allclose(
-        mcmc.get_samples()["mu"], reference.get_samples()["mu"], rtol=1e-12
+        mcmc.get_samples()["mu"], reference.get_samples()["mu"], atol=1e-8
     )
 
 
@@ -184,7 +186,7 @@ def test_closed_form_posteriors():
         )
         mcmc.run(jax.random.PRNGKey(0), *args, **kwargs)
         acc = float(np.mean(mcmc.get_extra_fields()["accept_prob"]))
-        assert abs(acc - 0.574) < 0.1, model.__name__
+        assert abs(acc - 0.9) < 0.1, model.__name__
         for site, moments in posterior(*args, **kwargs).items():
             draws = mcmc.get_samples()[site]
             np.testing.assert_allclose(

@@ -20,6 +20,7 @@ from numpyro_deer import (
     HardGate,
     MALATape,
     SigmoidGate,
+    finish_chain,
     make_step_fn,
     make_tape,
     sequential_chain,
@@ -199,6 +200,32 @@ def test_sequential_chain_matches_numpy_chain(mass):
     assert 0 < ref_accepted.sum() < T
     assert_array_equal(np.asarray(infos.accepted), ref_accepted)
     assert_allclose(np.asarray(states), np.stack(ref_states), rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("start", [0, 1, 17, 39, 40])
+def test_finish_chain_keeps_the_head_and_completes_the_chain(start):
+    """Finishing from step ``start`` keeps ``states[:start]`` untouched and
+    computes the rest as the sequential chain from ``states[start - 1]``."""
+    T = 40
+    tape = _make_tape(jax.random.PRNGKey(6), T, D, jnp.float64)
+    x0 = jnp.asarray([1.0, -1.0, 0.5, 2.0])
+    ref_states, ref_infos = sequential_chain(potential_jnp, x0, tape, 0.25)
+    # a head that is the chain, and a tail that is not (as after a partial solve)
+    states = ref_states.at[start:].set(7.0)
+    infos = jax.tree.map(
+        lambda a: a.at[start:].set(jnp.zeros_like(a[start:])), ref_infos
+    )
+    done, done_infos = finish_chain(
+        potential_jnp, x0, tape, 0.25, states, infos, jnp.asarray(start)
+    )
+    assert_array_equal(np.asarray(done[:start]), np.asarray(ref_states[:start]))
+    assert_allclose(np.asarray(done), np.asarray(ref_states), rtol=1e-12, atol=1e-12)
+    assert_array_equal(np.asarray(done_infos.accepted), np.asarray(ref_infos.accepted))
+    assert_allclose(
+        np.asarray(done_infos.potential_energy),
+        np.asarray(ref_infos.potential_energy),
+        rtol=1e-12,
+    )
 
 
 # ------------------------------------------------------------------- divergence

@@ -537,3 +537,17 @@ def test_jit_traces_once_for_two_tapes_of_the_same_shape():
     assert_allclose(np.asarray(states_b), np.asarray(seq_b), **MATCH)
     seq_c, _ = seq(potential, -x0, tape_a, step_size)
     assert_allclose(np.asarray(states_c), np.asarray(seq_c), **MATCH)
+
+
+def test_nonfinite_newton_rows_take_the_fixed_point_update():
+    """Rows of an overflowing Newton update fall back to ``F_t``, or keep the
+    current state where ``F_t`` is not finite either; finite rows are kept."""
+    from numpyro_deer._newton import finite_or_fixed_point
+
+    new = jnp.array([[1.0, 2.0], [jnp.inf, 0.0], [jnp.nan, 1.0], [3.0, 4.0]])
+    values = jnp.array([[9.0, 9.0], [5.0, 6.0], [jnp.nan, 0.0], [9.0, 9.0]])
+    cur = jnp.array([[0.0, 0.0], [0.0, 0.0], [7.0, 8.0], [0.0, 0.0]])
+    out = finite_or_fixed_point(new, values, cur)
+    np.testing.assert_array_equal(
+        np.asarray(out), [[1.0, 2.0], [5.0, 6.0], [7.0, 8.0], [3.0, 4.0]]
+    )

@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# The H200 runs behind docs/benchmarks.md and docs/ablation.md, in stages that
+# each fit in one 10-minute device call. Usage, from the repository root:
+#
+#     bash benchmarks/run_h200.sh STAGE OUTDIR
+#
+# STAGE: "ablation" (ablation + per-iteration cost), "suite-a" (three small
+# models and the driver overhead), "suite-b" (the three larger models) or
+# "suite-c" (what the last call of the session ran: suite-b with a shorter
+# NUTS, and eight schools). OUTDIR receives the
+# JSON files and logs. BlackJAX is used when importable (carry its wheel; see
+# benchmarks/README.md).
+set -uo pipefail
+stage=$1
+out=$2
+mkdir -p "$out"
+export PYTHONUNBUFFERED=1 PYTHONPATH=".:${PYTHONPATH:-}"
+py=python3
+
+run() {  # run SECONDS NAME ARGS...: one script under a time limit, logged
+    local limit=$1 name=$2
+    shift 2
+    timeout "$limit" $py "$@" 2>&1 | tee "$out/$name.log"
+}
+
+case $stage in
+ablation)
+    run 330 ablation benchmarks/ablation.py --block-size 16384 --blocks 2 \
+        --warmup 800 --variants baseline target=0.9 jacobian=full \
+        full+target=0.9 --max-full-dim 96 --time-budget 300 \
+        --json "$out/ablation_h200.json"
+    run 170 iteration_cost benchmarks/iteration_cost.py --block-size 16384 \
+        --max-full-dim 96 --json "$out/iteration_cost_h200.json"
+    ;;
+suite-a | suite-b)
+    if [ "$stage" = suite-a ]; then
+        models="eight_schools logistic_regression ill_conditioned_gaussian"
+        long="--draws 16384 131072 1048576"
+    else
+        models="hierarchical_logistic_regression logistic_regression_large stochastic_volatility"
+        long="--draws 16384 131072"
+    fi
+    if [ "$stage" = suite-a ]; then
+        run 60 driver_overhead benchmarks/driver_overhead.py \
+            --model logistic_regression --draws 131072 --block-size 16384 \
+            --json "$out/driver_overhead_h200.json"
+    fi
+    for m in $models; do
+        run 170 "suite_$m" benchmarks/suite.py --models "$m" $long \
+            --max-seconds 150 --json "$out/suite_$m.json"
+    done
+    ;;
+suite-c)
+    # the three larger models, then eight schools again (after the change to
+    # non-finite Newton rows); NUTS shortened to fit one call
+    for m in hierarchical_logistic_regression logistic_regression_large \
+        stochastic_volatility eight_schools; do
+        run 112 "suite_$m" benchmarks/suite.py --models "$m" \
+            --draws 16384 131072 --nuts-draws 500 --nuts-warmup 300 \
+            --max-seconds 95 --json "$out/suite_$m.json"
+    done
+    ;;
+*)
+    echo "unknown stage $stage" >&2
+    exit 2
+    ;;
+esac
