@@ -79,12 +79,14 @@ def _kernel(model, block_size, options):
 
 
 def _warmup(model, args, kwargs, num_warmup, mass, target, seed):
+    # target None: the kernel's own default
+    options = {} if target is None else {"target_accept_prob": target}
     kernel = DEERMALA(
         model,
         block_size=16,
         dense_mass=mass == "dense",
         adapt_mass_matrix=mass != "identity",
-        target_accept_prob=target,
+        **options,
     )
     mcmc = MCMC(kernel, num_warmup=num_warmup, num_samples=16, progress_bar=False)
     mcmc.warmup(jax.random.PRNGKey(seed), *args, **kwargs)
@@ -146,7 +148,7 @@ def run_variant(name, variant, args_ns):
     if spec.latent_dim > too_big.get(options.get("jacobian"), spec.latent_dim):
         return None
     block_size = int(base_b * options.get("block", 1))
-    setting = (name, options.get("mass", "diag"), options.get("target", 0.9))
+    setting = (name, options.get("mass", "diag"), options.get("target"))
     if setting not in WARM:
         WARM[setting] = _warmup(
             spec.model, args, kwargs, args_ns.warmup, *setting[1:], 0

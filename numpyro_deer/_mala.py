@@ -222,27 +222,21 @@ def make_step_fn(
     gradient, so it is a pure function of ``x`` and the tape entry.
     """
 
+    step = _carried_step(potential_fn, step_size, mass_sqrt, gate)
+
     def step_fn(x: Array, tape_t: MALATape) -> tuple[Array, StepInfo]:
-        potential_x, grad_x = jax.value_and_grad(potential_fn)(x)
-        x_new, _, _, info = mala_proposal_step(
-            potential_fn,
-            x,
-            potential_x,
-            grad_x,
-            tape_t.noise,
-            tape_t.log_u,
-            step_size,
-            mass_sqrt,
-            gate,
-        )
+        (x_new, _, _), info = step((x, *jax.value_and_grad(potential_fn)(x)), tape_t)
         return x_new, info
 
     return step_fn
 
 
-def _carried_step(potential_fn, step_size, mass_sqrt):
-    """One sequential step on ``(x, U(x), grad U(x))``: the gradient is carried,
-    so a step costs one gradient evaluation."""
+def _carried_step(potential_fn, step_size, mass_sqrt, gate: Gate = HardGate()):
+    """One MALA step on ``(x, U(x), grad U(x))`` with tape entry ``tape_t``.
+
+    The sequential loops carry the triple, so a step costs one gradient
+    evaluation; :func:`make_step_fn` recomputes ``U(x)`` and its gradient first.
+    """
 
     def step(carry, tape_t):
         x, potential_x, grad_x = carry
@@ -255,6 +249,7 @@ def _carried_step(potential_fn, step_size, mass_sqrt):
             tape_t.log_u,
             step_size,
             mass_sqrt,
+            gate,
         )
         return (x, potential_x, grad_x), info
 
