@@ -7,7 +7,10 @@
 # STAGE: "ablation" (ablation + per-iteration cost), "suite-a" (three small
 # models and the driver overhead), "suite-b" (the three larger models) or
 # "suite-c" (what the last call of the session ran: suite-b with a shorter
-# NUTS, and eight schools). OUTDIR receives the
+# NUTS, and eight schools), "driver-stock-ablation-hard" (the driver's stock
+# row; dense-Jacobian variants on the four hard models), "ablation-rest" (the
+# remaining one-factor variants; eight schools' suite rows with the
+# defaults). OUTDIR receives the
 # JSON files and logs. BlackJAX is used when importable (carry its wheel; see
 # benchmarks/README.md).
 set -uo pipefail
@@ -59,6 +62,37 @@ suite-c)
             --draws 16384 131072 --nuts-draws 500 --nuts-warmup 300 \
             --max-seconds 95 --json "$out/suite_$m.json"
     done
+    ;;
+driver-stock-ablation-hard)
+    # the stock-MCMC row of the driver overhead (needs more than the 60 s it
+    # had in suite-a), then the dense-Jacobian variants and the initial guess
+    # on the four models the defaults do not converge on
+    run 200 driver_overhead benchmarks/driver_overhead.py \
+        --model logistic_regression --draws 131072 --block-size 16384 \
+        --json "$out/driver_overhead_h200.json"
+    run 360 ablation_hard benchmarks/ablation.py --block-size 16384 --blocks 2 \
+        --warmup 800 --models eight_schools hierarchical_logistic_regression \
+        stochastic_volatility ill_conditioned_gaussian \
+        --variants jacobian=full full+clip=1 guess=previous full+damping=0.3 \
+        window=B/32 --max-full-dim 256 --time-budget 330 \
+        --json "$out/ablation_hard_h200.json"
+    ;;
+ablation-rest)
+    # the one-factor variants not yet run on the H200, most important first
+    # (variants are the outer loop, so the budget cuts the last ones); then
+    # eight schools' suite rows with the package defaults (its earlier rows
+    # used a dense-Jacobian rule since dropped), stock MCMC included
+    run 230 ablation_rest benchmarks/ablation.py --block-size 16384 --blocks 2 \
+        --warmup 800 --models eight_schools logistic_regression \
+        ill_conditioned_gaussian hierarchical_logistic_regression \
+        logistic_regression_large \
+        --variants full+clip=1 guess=previous probes=2 gate=sigmoid\(1\) \
+        damping=0.3 clip=none block=B/4 window=B/8 mass=dense \
+        --max-full-dim 50 --time-budget 200 \
+        --json "$out/ablation_rest_h200.json"
+    run 140 suite_eight_schools benchmarks/suite.py --models eight_schools \
+        --draws 16384 131072 1048576 --stock-max-draws 16384 \
+        --nuts-draws 1000 --max-seconds 120 --json "$out/suite_eight_schools.json"
     ;;
 *)
     echo "unknown stage $stage" >&2

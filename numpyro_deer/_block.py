@@ -132,11 +132,11 @@ def _no_solve_info(dtype) -> NewtonInfo:
 
 
 def empty_block(block_size: int, z_flat: Array, rng_key: Array) -> BlockBuffer:
-    """A buffer with nothing left to hand out (``index == B``)."""
+    """A buffer with nothing left to hand out (``index == B``), holding ``z_flat``."""
     zeros = jnp.zeros((block_size,), z_flat.dtype)
     info = _no_solve_info(z_flat.dtype)
     return BlockBuffer(
-        z=jnp.zeros((block_size,) + z_flat.shape, z_flat.dtype),
+        z=jnp.broadcast_to(z_flat, (block_size,) + z_flat.shape),
         potential_energy=zeros,
         accept_prob=zeros,
         diverging=jnp.zeros((block_size,), bool),
@@ -162,11 +162,17 @@ def refill_block(
     ravel: Callable[[Any], Array],
     solver: DEERSolver | None,
     gate: Gate,
+    initial_guess: str = "start",
 ) -> DEERMALAState:
     """Solve the next block from ``state.z`` with a fresh tape; ``index = 0``.
 
     ``solver=None`` computes the block with the sequential scan of the same
-    tape (the reference, and a user-selectable method).
+    tape (the reference, and a user-selectable method). ``initial_guess`` is
+    the Newton iterate the solve starts from: ``"start"`` repeats ``state.z``
+    for every step, ``"previous"`` takes the previous block's draws (a path
+    through the typical set; before the first block the buffer holds the
+    start, so the two agree there). The guess changes only the iteration
+    count, never the chain.
     """
     block_size = state.block.z.shape[0]
     rng_key, key_tape, key_probe = jax.random.split(state.rng_key, 3)
@@ -184,7 +190,10 @@ def refill_block(
         info = _no_solve_info(w0.dtype)
     else:
         step_fn = make_step_fn(potential_w, adapt.step_size, None, gate)
-        w, step_info, info = deer_solve(step_fn, w0, tape, key_probe, solver)
+        guess = None
+        if initial_guess == "previous":
+            guess = jax.vmap(lambda x: _to_w(mass_sqrt, x))(state.block.z)
+        w, step_info, info = deer_solve(step_fn, w0, tape, key_probe, solver, guess)
         w, step_info = jax.lax.cond(
             info.converged,
             lambda _: (w, step_info),

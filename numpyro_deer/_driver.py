@@ -347,7 +347,8 @@ def _warn_failed_blocks(stats) -> None:
             "tape, so the draws are the chain, but slower. Try "
             "target_accept_prob=0.9, jacobian='full' (small models), a larger "
             "max_iter, or method='sequential' for this model (docs: choosing "
-            "options, ablation).",
+            "options, ablation). To make this an error: warnings.simplefilter("
+            "'error', numpyro_deer.DEERConvergenceWarning).",
             DEERConvergenceWarning,
             stacklevel=5,
         )

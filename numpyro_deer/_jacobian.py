@@ -69,11 +69,49 @@ def _check_clip(name: str, clip: float | None) -> None:
         raise ValueError(f"{name}(clip={clip!r}): clip must be None or positive.")
 
 
+def _spectral_norm(matrix: Array, num_iter: int = 20) -> Array:
+    """Largest singular value of a small square matrix by power iteration."""
+    dim = matrix.shape[-1]
+    v = jnp.ones((dim,), matrix.dtype) / jnp.sqrt(jnp.asarray(dim, matrix.dtype))
+
+    def body(_, v):
+        w = matrix.T @ (matrix @ v)
+        return w / jnp.maximum(jnp.linalg.norm(w), 1e-30)
+
+    v = jax.lax.fori_loop(0, num_iter, body, v)
+    return jnp.linalg.norm(matrix @ v)
+
+
+def _clip_norm(jacobian: Array, clip: float | None) -> Array:
+    """Scale a dense ``J`` so that its spectral norm is at most ``clip``."""
+    if clip is None:
+        return jacobian
+    norm = _spectral_norm(jacobian)
+    return jacobian * jnp.minimum(1.0, clip / jnp.maximum(norm, 1e-30))
+
+
 @dataclass(frozen=True)
 class FullJacobian:
-    """The dense Jacobian of every step (full DEER)."""
+    """The dense Jacobian of every step (full DEER).
 
+    Attributes:
+        clip: if set, each ``J_t`` whose spectral norm (largest singular
+            value, by 20 power iterations on ``J^T J``) exceeds ``clip`` is
+            scaled down to norm ``clip``. Where the posterior is not
+            log-concave, an accepted MALA step can expand
+            (``||I - eps M H|| > 1``) and a product of thousands of such
+            Jacobians overflows the linear recursion; with ``clip=1`` every
+            product stays bounded, at the price of a Jacobian that is no longer
+            exact on those steps. A contracting step (the log-concave case at a
+            stable step size) is left exact. ``None`` (the default) keeps every
+            ``J_t`` exact.
+    """
+
+    clip: float | None = None
     structure: ClassVar[str] = "dense"
+
+    def __post_init__(self):
+        _check_clip("FullJacobian", self.clip)
 
     def linearize(self, step_fn: StepFn, prev: Array, tape: Any, key: Array):
         del key
@@ -81,7 +119,8 @@ class FullJacobian:
 
         def one(x, tape_t):
             value, aux, columns = _jvp_columns(step_fn, x, tape_t, eye)
-            return value, aux, columns.T  # row i of `columns` is J e_i
+            # row i of `columns` is J e_i
+            return value, aux, _clip_norm(columns.T, self.clip)
 
         return Linearization(*jax.vmap(one)(prev, tape))
 

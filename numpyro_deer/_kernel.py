@@ -84,7 +84,11 @@ class DEERMALA(MCMCKernel):
             few dozen dimensions it converges where the diagonal does not) or
             a strategy object.
         num_probes: Rademacher probes per step for ``"stochastic"``.
-        clip: clip of the diagonal Jacobian (``None`` for none).
+        clip: bound of the Jacobian approximation (``None`` for none): the
+            diagonal is clipped to ``[-clip, clip]``; a dense Jacobian is
+            scaled down to spectral norm ``clip`` (``FullJacobian``), which
+            makes ``"full"`` converge where accepted steps expand (eight
+            schools). ``jacobian=FullJacobian()`` is the unclipped one.
         gate: derivative of the accept decision: ``"hard"``, ``"sigmoid"`` or a
             gate object such as ``SigmoidGate(temperature=0.5)``.
         adapt_step_size: adapt the step size in warmup (dual averaging).
@@ -105,6 +109,9 @@ class DEERMALA(MCMCKernel):
             sequentially from its front and reported as not converged.
         damping: the Jacobian is scaled by ``1 - damping``.
         window: steps per Newton iteration (``None``: the whole block).
+        initial_guess: the iterate each solve starts from: ``"start"`` (the
+            block's first state repeated) or ``"previous"`` (the previous
+            block's draws). It changes the iteration count, not the chain.
         matmul_precision: precision of matrix products inside the kernel
             (``jax.default_matmul_precision``), ``"highest"`` by default so
             that float32 products are not computed in TF32 on GPUs, which
@@ -140,6 +147,7 @@ class DEERMALA(MCMCKernel):
         max_solves: int = 3,
         damping: float = 0.0,
         window: int | None = None,
+        initial_guess: str = "start",
         method: str = "deer",
         matmul_precision: str | None = "highest",
         validate_model: bool = True,
@@ -161,7 +169,7 @@ class DEERMALA(MCMCKernel):
         options = {}
         if jacobian == "stochastic":
             options = {"num_probes": num_probes, "clip": clip}
-        elif jacobian == "diag":
+        elif jacobian in ("diag", "full"):
             options = {"clip": clip}
         self._solver = DEERSolver(
             jacobian=jacobian_from_name(jacobian, **options),
@@ -176,6 +184,12 @@ class DEERMALA(MCMCKernel):
             raise ValueError(
                 f"method={method!r}: use 'deer' (parallel Newton) or 'sequential'."
             )
+        if initial_guess not in ("start", "previous"):
+            raise ValueError(
+                f"initial_guess={initial_guess!r}: use 'start' (repeat the first "
+                "state) or 'previous' (the previous block's draws)."
+            )
+        self._initial_guess = initial_guess
         self._method = method
         self._matmul_precision = matmul_precision
         self._gate = _gate_from_name(gate)
@@ -376,7 +390,9 @@ class DEERMALA(MCMCKernel):
 
         def refill(s):
             solver = self._solver if self._method == "deer" else None
-            return refill_block(s, potential_flat, ravel, solver, self._gate)
+            return refill_block(
+                s, potential_flat, ravel, solver, self._gate, self._initial_guess
+            )
 
         if batched:
             need = jnp.any(jax.vmap(needs_refill)(state))

@@ -1,6 +1,7 @@
 """``numpyro_deer.MCMC``: the block driver behaves like stock ``MCMC``, only faster."""
 
 import pickle
+import warnings
 
 import jax
 import numpy as np
@@ -122,16 +123,29 @@ def test_chain_methods(chain_method):
 
 
 def test_deer_and_sequential_methods_give_the_same_chain():
+    # the initial guess of the Newton solve changes the work, not the chain
     args, kwargs = gaussian_data(0.5)
     draws = []
-    for method in ("deer", "sequential"):
+    for method, guess, jacobian in (
+        ("sequential", "start", "stochastic"),
+        ("deer", "start", "stochastic"),
+        ("deer", "previous", "stochastic"),
+        ("deer", "start", "full"),  # spectral-norm clipped by default
+    ):
         kernel = DEERMALA(
-            gaussian_mean_model, block_size=64, method=method, atol=1e-12, rtol=1e-10
+            gaussian_mean_model,
+            block_size=64,
+            method=method,
+            initial_guess=guess,
+            jacobian=jacobian,
+            atol=1e-12,
+            rtol=1e-10,
         )
         mcmc = MCMC(kernel, num_warmup=50, num_samples=256, progress_bar=False)
         mcmc.run(jax.random.PRNGKey(5), *args, **kwargs)
         draws.append(mcmc.get_samples()["mu"])
-    np.testing.assert_allclose(draws[0], draws[1], atol=1e-8)
+    for other in draws[1:]:
+        np.testing.assert_allclose(other, draws[0], atol=1e-8)
 
 
 def test_unconverged_blocks_fall_back_and_warn():
@@ -155,6 +169,11 @@ def test_unconverged_blocks_fall_back_and_warn():
     np.testing.assert_allclose(
         mcmc.get_samples()["mu"], reference.get_samples()["mu"], atol=1e-8
     )
+    # what the warning says to do to make it an error works
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", DEERConvergenceWarning)
+        with pytest.raises(DEERConvergenceWarning, match="simplefilter"):
+            mcmc.run(jax.random.PRNGKey(6), *args, **kwargs)
 
 
 @pytest.mark.parametrize("jit_model_args", [False, True])

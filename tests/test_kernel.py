@@ -128,11 +128,24 @@ def test_potential_fn_path_needs_init_params():
         ({"method": "fast"}, "method"),
         ({"dense_mass": [("a",)]}, "dense_mass"),
         ({"damping": 1.0}, "damping"),
+        ({"initial_guess": "zeros"}, "initial_guess"),
     ],
 )
 def test_bad_arguments_are_named(kwargs, match):
     with pytest.raises(ValueError, match=match):
         DEERMALA(gaussian_mean_model, **kwargs)
+
+
+def test_clip_bounds_the_diagonal_and_the_dense_jacobian():
+    from numpyro_deer import DiagonalJacobian, FullJacobian
+
+    def strategy(**kwargs):
+        return DEERMALA(gaussian_mean_model, **kwargs).solver.jacobian
+
+    assert strategy(jacobian="full") == FullJacobian(clip=1.0)
+    assert strategy(jacobian="full", clip=None) == FullJacobian()
+    assert strategy(jacobian="diag", clip=0.5) == DiagonalJacobian(clip=0.5)
+    assert strategy(jacobian=FullJacobian(), clip=0.5) == FullJacobian()
 
 
 def test_model_and_potential_are_exclusive():

@@ -359,6 +359,63 @@ def test_linearizations_match_jacfwd(targets):
         assert_array_equal(lin.aux.accepted, target.seq_info.accepted)
 
 
+def test_clipped_full_jacobian_is_bounded_and_still_exact(targets):
+    # The correlated Gaussian's step Jacobians have spectral norm about 1
+    # (identity on rejections, slow directions on acceptances): clip=0.5
+    # rescales every one, clip=2 none. The clipped solve must still return the
+    # sequential chain (the Jacobian changes the speed, never the answer).
+    target = targets["corr_gauss"]
+    step_fn = target.step_fn()
+    prev, tape = jnp.asarray(target.prev), target.tape
+    key = jax.random.PRNGKey(0)
+    clipped = FullJacobian(clip=0.5)
+
+    def three(p, t, k):
+        return tuple(
+            strategy.linearize(step_fn, p, t, k).jacobian
+            for strategy in (FullJacobian(), clipped, FullJacobian(clip=2.0))
+        )
+
+    exact, scaled, loose = map(np.asarray, _jit(three)(prev, tape, key))
+    norms = np.linalg.norm(exact, ord=2, axis=(1, 2))
+    assert np.all((norms > 0.9) & (norms < 1.5))
+    assert_allclose(loose, exact, rtol=1e-14)
+    # power iteration: the norm to within 1 % (close singular values), so the
+    # clipped norm is 0.5 to within 1 % and the scaling is per-matrix uniform
+    clipped_norms = np.linalg.norm(scaled, ord=2, axis=(1, 2))
+    assert_allclose(clipped_norms, 0.5, rtol=1e-2)
+    ratio = np.sum(scaled * exact, axis=(1, 2)) / np.sum(exact**2, axis=(1, 2))
+    assert_allclose(scaled, ratio[:, None, None] * exact, rtol=1e-12, atol=1e-14)
+
+    solver = _solver(clipped)
+    states, aux, info = _run(_jitted_solve(step_fn, solver), target)
+    assert bool(info.converged)
+    assert_allclose(states, target.seq_states, **MATCH)
+    assert_array_equal(aux.accepted, target.seq_info.accepted)
+
+
+def test_initial_guess_changes_iterations_not_the_chain(targets):
+    # the sequential chain itself is the best guess: one iteration certifies it
+    target = targets["logreg"]
+    solver = _solver(DiagonalJacobian())
+    step_fn = target.step_fn()
+
+    @_jit
+    def solve(x0, tape, key, guess):
+        return deer_solve(step_fn, x0, tape, key, solver, guess)
+
+    x0, key = jnp.asarray(target.x0), jax.random.PRNGKey(3)
+    repeat = jnp.broadcast_to(x0, target.seq_states.shape)
+    for guess, expected_iterations in ((target.seq_states, 1), (repeat, None)):
+        states, _, info = solve(x0, target.tape, key, jnp.asarray(guess))
+        assert bool(info.converged)
+        assert_allclose(states, target.seq_states, **MATCH)
+        if expected_iterations is not None:
+            assert int(info.iterations) == expected_iterations
+        else:
+            assert int(info.iterations) > 1
+
+
 # ---------------------------------------------------------- restarts and windows
 def test_restarts_with_small_max_iter_still_converge(targets):
     target = targets["logreg"]
@@ -417,6 +474,7 @@ def test_windowed_solve_equals_sequential(targets):
         (lambda: StochasticDiagonalJacobian(num_probes=0), "num_probes"),
         (lambda: StochasticDiagonalJacobian(clip=0.0), "clip"),
         (lambda: DiagonalJacobian(clip=-1.0), "clip"),
+        (lambda: FullJacobian(clip=0.0), "clip"),
     ],
 )
 def test_invalid_settings_raise_naming_the_argument(build, name):
