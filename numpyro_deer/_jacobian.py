@@ -60,6 +60,19 @@ def _jvp_columns(step_fn: StepFn, x: Array, tape_t: Any, directions: Array):
     return value, aux, tangents
 
 
+def _on_basis(
+    step_fn: StepFn, prev: Array, tape: Any, reduce: Callable[[Array], Array]
+) -> Linearization:
+    """Every step's value and ``reduce`` of its ``D`` basis-vector JVPs."""
+    eye = jnp.eye(prev.shape[-1], dtype=prev.dtype)
+
+    def one(x, tape_t):
+        value, aux, columns = _jvp_columns(step_fn, x, tape_t, eye)
+        return value, aux, reduce(columns)
+
+    return Linearization(*jax.vmap(one)(prev, tape))
+
+
 def _clip(diag: Array, clip: float | None) -> Array:
     return diag if clip is None else jnp.clip(diag, -clip, clip)
 
@@ -115,14 +128,10 @@ class FullJacobian:
 
     def linearize(self, step_fn: StepFn, prev: Array, tape: Any, key: Array):
         del key
-        eye = jnp.eye(prev.shape[-1], dtype=prev.dtype)
-
-        def one(x, tape_t):
-            value, aux, columns = _jvp_columns(step_fn, x, tape_t, eye)
-            # row i of `columns` is J e_i
-            return value, aux, _clip_norm(columns.T, self.clip)
-
-        return Linearization(*jax.vmap(one)(prev, tape))
+        # row i of `columns` is J e_i
+        return _on_basis(
+            step_fn, prev, tape, lambda columns: _clip_norm(columns.T, self.clip)
+        )
 
     @staticmethod
     def scan(A: Array, b: Array) -> Array:
@@ -145,13 +154,9 @@ class DiagonalJacobian:
 
     def linearize(self, step_fn: StepFn, prev: Array, tape: Any, key: Array):
         del key
-        eye = jnp.eye(prev.shape[-1], dtype=prev.dtype)
-
-        def one(x, tape_t):
-            value, aux, columns = _jvp_columns(step_fn, x, tape_t, eye)
-            return value, aux, _clip(jnp.diagonal(columns), self.clip)
-
-        return Linearization(*jax.vmap(one)(prev, tape))
+        return _on_basis(
+            step_fn, prev, tape, lambda columns: _clip(jnp.diagonal(columns), self.clip)
+        )
 
     @staticmethod
     def scan(A: Array, b: Array) -> Array:
