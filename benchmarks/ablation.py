@@ -54,7 +54,7 @@ VARIANTS: dict[str, dict] = {
     "target=0.574": {"target": 0.574},
     "jacobian=full": {"jacobian": "full"},
     "full+target=0.574": {"jacobian": "full", "target": 0.574},
-    "full+clip=1": {"jacobian": "full", "full_clip": 1.0},  # = jacobian=full now
+    "full+clip=1": {"jacobian": "full", "clip": 1.0},  # = jacobian=full now
     "full+clip=none": {"jacobian": "full", "clip": None},
     "full+damping=0.3": {"jacobian": "full", "damping": 0.3},
     "window=B/32": {"window": 32},
@@ -68,11 +68,9 @@ VARIANTS: dict[str, dict] = {
 
 
 def _kernel(model, block_size, options):
-    from numpyro_deer import FullJacobian, SigmoidGate
+    from numpyro_deer import SigmoidGate
 
     options = dict(options)
-    if "full_clip" in options:
-        options["jacobian"] = FullJacobian(clip=options.pop("full_clip"))
     options.pop("mass", None)
     options.pop("block", None)
     options.pop("target", None)
