@@ -132,11 +132,11 @@ def _no_solve_info(dtype) -> NewtonInfo:
 
 
 def empty_block(block_size: int, z_flat: Array, rng_key: Array) -> BlockBuffer:
-    """A buffer with nothing left to hand out (``index == B``), holding ``z_flat``."""
+    """A buffer with nothing left to hand out (``index == B``)."""
     zeros = jnp.zeros((block_size,), z_flat.dtype)
     info = _no_solve_info(z_flat.dtype)
     return BlockBuffer(
-        z=jnp.broadcast_to(z_flat, (block_size,) + z_flat.shape),
+        z=jnp.zeros((block_size,) + z_flat.shape, z_flat.dtype),
         potential_energy=zeros,
         accept_prob=zeros,
         diverging=jnp.zeros((block_size,), bool),
@@ -170,9 +170,8 @@ def refill_block(
     tape (the reference, and a user-selectable method). ``initial_guess`` is
     the Newton iterate the solve starts from: ``"start"`` repeats ``state.z``
     for every step, ``"previous"`` takes the previous block's draws (a path
-    through the typical set; before the first block the buffer holds the
-    start, so the two agree there). The guess changes only the iteration
-    count, never the chain.
+    through the typical set) once a solve has filled the buffer, and the start
+    before that. The guess changes only the iteration count, never the chain.
     """
     block_size = state.block.z.shape[0]
     rng_key, key_tape, key_probe = jax.random.split(state.rng_key, 3)
@@ -192,7 +191,11 @@ def refill_block(
         step_fn = make_step_fn(potential_w, adapt.step_size, None, gate)
         guess = None
         if initial_guess == "previous":
-            guess = jax.vmap(lambda x: _to_w(mass_sqrt, x))(state.block.z)
+            # a buffer no solve has filled (after init and warmup) holds no
+            # draws: start from the state then, as "start" does
+            filled = state.block.info.solves > 0
+            previous = jax.vmap(lambda x: _to_w(mass_sqrt, x))(state.block.z)
+            guess = jnp.where(filled, previous, w0)
         w, step_info, info = deer_solve(step_fn, w0, tape, key_probe, solver, guess)
         w, step_info = jax.lax.cond(
             info.converged,

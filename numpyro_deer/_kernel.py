@@ -111,7 +111,8 @@ class DEERMALA(MCMCKernel):
         window: steps per Newton iteration (``None``: the whole block).
         initial_guess: the iterate each solve starts from: ``"start"`` (the
             block's first state repeated) or ``"previous"`` (the previous
-            block's draws). It changes the iteration count, not the chain.
+            block's draws; the first block after warmup uses the start). It
+            changes the iteration count, not the chain.
         matmul_precision: precision of matrix products inside the kernel
             (``jax.default_matmul_precision``), ``"highest"`` by default so
             that float32 products are not computed in TF32 on GPUs, which

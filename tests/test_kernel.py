@@ -151,3 +151,24 @@ def test_clip_bounds_the_diagonal_and_the_dense_jacobian():
 def test_model_and_potential_are_exclusive():
     with pytest.raises(ValueError, match="exactly one"):
         DEERMALA()
+
+
+def test_previous_guess_before_any_block_is_the_start():
+    # After warmup the buffer still holds the point the kernel was initialised
+    # at, not a block of draws: "previous" must then start from the state, as
+    # "start" does, and only later blocks use the previous block's draws.
+    from numpyro_deer._block import empty_block
+
+    args, kwargs = _gaussian_data(0.5)
+    infos = {}
+    for guess in ("start", "previous"):
+        kernel = DEERMALA(gaussian_mean_model, block_size=BLOCK, initial_guess=guess)
+        state = kernel.init(jax.random.PRNGKey(0), 0, {"mu": 0.3}, args, kwargs)
+        empty = empty_block(BLOCK, jnp.zeros(1), state.rng_key)
+        far = jnp.full((BLOCK, 1), 40.0, state.potential_energy.dtype)
+        state = state._replace(block=empty._replace(z=far))
+        first = kernel.block_refill(state, args, kwargs)
+        infos[guess] = first.block.info
+    start, previous = infos["start"], infos["previous"]
+    # with the far buffer as its guess this block took 26 iterations, not 25
+    np.testing.assert_array_equal(jax.tree.leaves(previous), jax.tree.leaves(start))
