@@ -42,6 +42,7 @@ def add_solver_arguments(parser) -> None:
     group.add_argument("--max-solves", type=int, help="solves per block")
     group.add_argument("--damping", type=float)
     group.add_argument("--window", type=int)
+    group.add_argument("--solve-basis", choices=["whitened", "hessian"])
     group.add_argument(
         "--dense-mass",
         action="store_true",
@@ -74,6 +75,7 @@ def kernel_options(args) -> dict:
         "max_solves": args.max_solves,
         "damping": args.damping,
         "window": args.window,
+        "solve_basis": args.solve_basis,
         "dense_mass": args.dense_mass,
         "target_accept_prob": args.target_accept,
     }

@@ -60,6 +60,8 @@ VARIANTS: dict[str, dict] = {
     "window=B/32": {"window": 32},
     "guess=previous": {"initial_guess": "previous"},
     "probes=2+clip=0.5": {"num_probes": 2, "clip": 0.5},
+    "basis=hessian": {"solve_basis": "hessian"},
+    "hessian+block=B/4": {"solve_basis": "hessian", "block": 0.25},
     "mass=dense": {"mass": "dense"},
     "window=B/8": {"window": 8},
     "block=B/4": {"block": 0.25},

@@ -10,7 +10,8 @@
 # NUTS, and eight schools), "driver-stock-ablation-hard" (the driver's stock
 # row; dense-Jacobian variants on the four hard models), "ablation-rest" (the
 # remaining one-factor variants; eight schools' suite rows with the
-# defaults). OUTDIR receives the
+# defaults), "basis" (the Hessian solve basis: ablation and suite rows).
+# OUTDIR receives the
 # JSON files and logs. BlackJAX is used when importable (carry its wheel; see
 # benchmarks/README.md).
 set -uo pipefail
@@ -93,6 +94,18 @@ ablation-rest)
     run 140 suite_eight_schools benchmarks/suite.py --models eight_schools \
         --draws 16384 131072 1048576 --stock-max-draws 16384 \
         --nuts-draws 1000 --max-seconds 120 --json "$out/suite_eight_schools.json"
+    ;;
+basis)
+    # the Hessian solve basis on every model (blocks after the first use the
+    # previous block's draws), then the whitened baseline again (the SV
+    # potential is cheaper now); then the suite with it on the Gaussian
+    run 450 ablation_basis benchmarks/ablation.py --block-size 16384 --blocks 3 \
+        --warmup 800 --variants basis=hessian hessian+block=B/4 baseline \
+        --time-budget 420 --json "$out/ablation_basis_h200.json"
+    run 110 suite_ill_conditioned_gaussian benchmarks/suite.py \
+        --models ill_conditioned_gaussian --solve-basis hessian \
+        --draws 16384 131072 --skip-stock --nuts-draws 500 --nuts-warmup 300 \
+        --max-seconds 95 --json "$out/suite_ill_conditioned_gaussian.json"
     ;;
 *)
     echo "unknown stage $stage" >&2

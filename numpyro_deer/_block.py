@@ -76,6 +76,9 @@ class DEERMALAState(NamedTuple):
         adapt_state: NumPyro's ``HMCAdaptState`` (step size, mass matrix).
         rng_key: random key.
         block: the buffer of the current block (internal).
+        curvature_points: ``(K, D)`` flat draws where the mean Hessian of the
+            next block's solve basis is taken (``solve_basis="hessian"``):
+            spread over the later warmup, then over the previous block.
     """
 
     i: Array
@@ -89,6 +92,34 @@ class DEERMALAState(NamedTuple):
     adapt_state: Any
     rng_key: Array
     block: BlockBuffer
+    curvature_points: Array
+
+
+NUM_CURVATURE_POINTS = 16
+"""Draws the solve basis averages the Hessian over (``K``)."""
+
+
+def record_warmup_draw(points: Array, i: Array, num_warmup: int, x: Array) -> Array:
+    """Keep warmup draw ``i`` (1-based) if it is one of the curvature points.
+
+    The points are every ``s``-th of the last ``K s`` warmup draws, with
+    ``s = max(1, num_warmup // (2 K))``: spread over the later half of warmup,
+    the last draw included. With fewer than ``K`` warmup draws the remaining
+    slots keep the initial point.
+    """
+    num_points = points.shape[0]
+    stride = max(1, num_warmup // (2 * num_points))
+    back = num_warmup - i  # 0 for the last warmup draw
+    take = (back >= 0) & (back < num_points * stride) & (back % stride == 0)
+    slot = jnp.clip(back // stride, 0, num_points - 1)
+    return jnp.where(take, points.at[slot].set(x), points)
+
+
+def block_points(z: Array, num_points: int) -> Array:
+    """``num_points`` draws of a block, evenly spaced and ending at its last."""
+    block_size = z.shape[0]
+    index = (jnp.arange(1, num_points + 1) * block_size) // num_points - 1
+    return z[jnp.maximum(index, 0)]
 
 
 def key_bits(rng_key: Array) -> Array:
@@ -121,6 +152,38 @@ def _to_w(mass_sqrt: Array, x: Array) -> Array:
     if mass_sqrt.ndim == 1:
         return x / mass_sqrt
     return jax.scipy.linalg.solve_triangular(mass_sqrt, x, lower=True)
+
+
+def curvature_basis(potential_w: Callable[[Array], Array], points: Array) -> Array:
+    r"""Orthogonal ``Q`` whose columns are the eigenvectors of the mean Hessian.
+
+    ``H = mean_k \nabla^2 U_w(w_k)`` over ``points`` (shape ``(K, D)``), in the
+    whitened coordinates. A MALA step's Jacobian is ``I - eps H(w)`` where it
+    accepts, so in ``u = Q^T w`` it is diagonal wherever ``H(w)`` is close to
+    the mean, and a diagonal Jacobian estimate loses little. A non-finite
+    Hessian gives ``Q = I`` (the whitened basis).
+    """
+    dim = points.shape[-1]
+    hessian = jnp.mean(jax.vmap(jax.hessian(potential_w))(points), axis=0)
+    hessian = 0.5 * (hessian + hessian.T)
+    finite = jnp.all(jnp.isfinite(hessian))
+    eye = jnp.eye(dim, dtype=points.dtype)
+    _, basis = jnp.linalg.eigh(jnp.where(finite, hessian, eye))
+    return jnp.where(finite, basis, eye)
+
+
+def _rotate(potential_w, tape, basis):
+    """The potential, tape and maps of ``u = Q^T w``: the same chain, rotated.
+
+    MALA with the identity preconditioner commutes with a rotation: with the
+    noise ``Q^T xi_t`` the chain of ``u`` is ``Q^T`` times the chain of ``w``
+    (Roberts and Stramer, 2002), so the solve may run in either basis.
+    """
+
+    def potential_u(u):
+        return potential_w(basis @ u)
+
+    return potential_u, tape._replace(noise=tape.noise @ basis)
 
 
 def _no_solve_info(dtype) -> NewtonInfo:
@@ -163,6 +226,7 @@ def refill_block(
     solver: DEERSolver | None,
     gate: Gate,
     initial_guess: str = "start",
+    solve_basis: str = "whitened",
 ) -> DEERMALAState:
     """Solve the next block from ``state.z`` with a fresh tape; ``index = 0``.
 
@@ -181,14 +245,21 @@ def refill_block(
     w0 = _to_w(mass_sqrt, ravel(state.z))
     tape = make_tape(key_tape, block_size, w0.shape[0], w0.dtype)
 
-    def sequential(_):
-        return sequential_chain(potential_w, w0, tape, adapt.step_size)
+    # the solve basis: the whitened coordinates, or their rotation to the
+    # Hessian eigenbasis (both methods use it, so they compute the same chain)
+    if solve_basis == "hessian":
+        points = jax.vmap(lambda x: _to_w(mass_sqrt, x))(state.curvature_points)
+        basis = curvature_basis(potential_w, points)
+        potential_u, tape_u = _rotate(potential_w, tape, basis)
+        u0 = basis.T @ w0
+    else:
+        basis, potential_u, tape_u, u0 = None, potential_w, tape, w0
 
     if solver is None:
-        w, step_info = sequential(None)
+        u, step_info = sequential_chain(potential_u, u0, tape_u, adapt.step_size)
         info = _no_solve_info(w0.dtype)
     else:
-        step_fn = make_step_fn(potential_w, adapt.step_size, None, gate)
+        step_fn = make_step_fn(potential_u, adapt.step_size, None, gate)
         guess = None
         if initial_guess == "previous":
             # a buffer no solve has filled (after init and warmup) holds no
@@ -196,15 +267,17 @@ def refill_block(
             filled = state.block.info.solves > 0
             previous = jax.vmap(lambda x: _to_w(mass_sqrt, x))(state.block.z)
             guess = jnp.where(filled, previous, w0)
-        w, step_info, info = deer_solve(step_fn, w0, tape, key_probe, solver, guess)
-        w, step_info = jax.lax.cond(
+            guess = guess if basis is None else guess @ basis
+        u, step_info, info = deer_solve(step_fn, u0, tape_u, key_probe, solver, guess)
+        u, step_info = jax.lax.cond(
             info.converged,
-            lambda _: (w, step_info),
+            lambda _: (u, step_info),
             lambda _: finish_chain(
-                potential_w, w0, tape, adapt.step_size, w, step_info, info.front
+                potential_u, u0, tape_u, adapt.step_size, u, step_info, info.front
             ),
             None,
         )
+    w = u if basis is None else u @ basis.T
     accept_prob = step_info.accept_prob
     block = BlockBuffer(
         z=jax.vmap(to_x)(w),
@@ -218,7 +291,11 @@ def refill_block(
         start_mean_accept_prob=state.mean_accept_prob,
         info=info,
     )
-    return state._replace(rng_key=rng_key, block=block)
+    return state._replace(
+        rng_key=rng_key,
+        block=block,
+        curvature_points=block_points(block.z, state.curvature_points.shape[0]),
+    )
 
 
 def emit_draw(

@@ -31,6 +31,7 @@ from collections.abc import Callable
 from functools import partial
 from typing import NamedTuple
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import numpyro
@@ -286,18 +287,22 @@ def make_hierarchical_logistic_data(
 def _stationary_ar1(phi: Array, one_minus_phi_sq: Array, eps: Array) -> Array:
     """AR(1) path ``x[t] = phi * x[t-1] + eps[t]`` started at stationarity.
 
-    Written in closed form, ``x = W eps`` with ``W[t, s] = phi**(t - s)`` for
-    ``s <= t`` (column 0 scaled by ``1 / sqrt(1 - phi**2)``), rather than as a
-    ``lax.scan``: one evaluation is then a single parallel matrix product,
-    which compiles fast and batches well on a GPU (``T**2`` work for ``T``
-    time steps).
+    ``x[0] = eps[0] / sqrt(1 - phi**2)``. The recursion is linear, so it is
+    computed by :func:`jax.lax.associative_scan` on the pairs ``(phi, eps[t])``
+    with ``(a, b) * (a', b') = (a a', a' b + b')``: ``O(T log T)`` elementwise
+    work in ``log T`` parallel steps, which batches well on a GPU (a closed-form
+    ``T x T`` matrix product would cost ``T**2`` per evaluation).
     """
-    num_steps = eps.shape[0]
-    t = jnp.arange(num_steps)
-    lag = t[:, None] - t[None, :]
-    weights = jnp.where(lag >= 0, phi ** jnp.maximum(lag, 0), 0.0)
-    first = jnp.ones(num_steps).at[0].set(1.0 / jnp.sqrt(one_minus_phi_sq))
-    return weights @ (first * eps)
+    first = eps[0] / jnp.sqrt(one_minus_phi_sq)
+    b = eps.at[0].set(first)
+    a = jnp.full_like(eps, phi)
+
+    def combine(left, right):
+        a_l, b_l = left
+        a_r, b_r = right
+        return a_l * a_r, a_r * b_l + b_r
+
+    return jax.lax.associative_scan(combine, (a, b))[1]
 
 
 def stochastic_volatility(returns: ArrayLike) -> None:
@@ -307,7 +312,7 @@ def stochastic_volatility(returns: ArrayLike) -> None:
     persistence ``phi = 2 phi_raw - 1`` in (-1, 1), ``sigma ~ HalfNormal(1)``,
     non-centred innovations ``eps[t] ~ N(0, 1)``, log variance
     ``h = mu + sigma * x`` with ``x`` the stationary AR(1) path driven by
-    ``eps`` (a closed-form matrix product), and ``returns[t] ~ N(0, exp(h[t] / 2))``.
+    ``eps`` (an associative scan), and ``returns[t] ~ N(0, exp(h[t] / 2))``.
     Latent dimension: number of time steps + 3.
 
     Args:

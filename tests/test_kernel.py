@@ -129,6 +129,7 @@ def test_potential_fn_path_needs_init_params():
         ({"dense_mass": [("a",)]}, "dense_mass"),
         ({"damping": 1.0}, "damping"),
         ({"initial_guess": "zeros"}, "initial_guess"),
+        ({"solve_basis": "pca"}, "solve_basis"),
     ],
 )
 def test_bad_arguments_are_named(kwargs, match):

@@ -86,6 +86,18 @@ def test_sizes_follow_the_generators() -> None:
         models.make_hierarchical_logistic_data(num_obs=5, num_groups=7)
 
 
+def test_stationary_ar1_is_the_recursion() -> None:
+    rng = np.random.default_rng(0)
+    eps = rng.standard_normal(37)
+    phi = 0.9
+    expected = np.empty(37)
+    expected[0] = eps[0] / np.sqrt(1.0 - phi**2)
+    for t in range(1, 37):
+        expected[t] = phi * expected[t - 1] + eps[t]
+    path = models._stationary_ar1(jnp.asarray(phi), 1.0 - phi**2, jnp.asarray(eps))
+    np.testing.assert_allclose(path, expected, rtol=1e-12)
+
+
 def test_ill_conditioned_covariance() -> None:
     cov = models.ill_conditioned_covariance(dim=50, condition_number=1_000.0)
     np.testing.assert_allclose(cov, cov.T)

@@ -1,0 +1,76 @@
+"""The block's solve basis: the curvature points and the Hessian eigenbasis."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from numpyro_deer._block import (
+    _rotate,
+    block_points,
+    curvature_basis,
+    record_warmup_draw,
+)
+from numpyro_deer._mala import make_tape, sequential_chain
+
+
+def _gaussian_potential(precision):
+    return lambda w: 0.5 * w @ precision @ w
+
+
+def test_curvature_basis_diagonalises_the_mean_hessian():
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((5, 5))
+    precision = jnp.asarray(a @ a.T + np.eye(5))
+    # a potential whose Hessian varies: the basis diagonalises its mean
+    potential = lambda w: 0.5 * w @ precision @ w + 0.25 * jnp.sum(w**4)  # noqa: E731
+    points = jnp.asarray(rng.standard_normal((4, 5)))
+    basis = curvature_basis(potential, points)
+    np.testing.assert_allclose(basis.T @ basis, np.eye(5), atol=1e-12)
+    mean_hessian = precision + 3.0 * jnp.diag(jnp.mean(points**2, axis=0))
+    rotated = basis.T @ mean_hessian @ basis
+    np.testing.assert_allclose(rotated - jnp.diag(jnp.diag(rotated)), 0.0, atol=1e-10)
+
+
+def test_curvature_basis_of_a_nonfinite_hessian_is_the_identity():
+    basis = curvature_basis(lambda w: jnp.sum(jnp.log(w)), -jnp.ones((2, 3)))
+    np.testing.assert_array_equal(basis, np.eye(3))
+
+
+def test_rotated_chain_is_the_whitened_chain_rotated():
+    rng = np.random.default_rng(1)
+    a = rng.standard_normal((4, 4))
+    potential = _gaussian_potential(jnp.asarray(a @ a.T + np.eye(4)))
+    w0 = jnp.asarray(rng.standard_normal(4))
+    tape = make_tape(jax.random.PRNGKey(0), 50, 4, w0.dtype)
+    basis = curvature_basis(potential, w0[None])
+    potential_u, tape_u = _rotate(potential, tape, basis)
+    w, info_w = sequential_chain(potential, w0, tape, 0.1)
+    u, info_u = sequential_chain(potential_u, basis.T @ w0, tape_u, 0.1)
+    np.testing.assert_allclose(u @ basis.T, w, atol=1e-12)
+    np.testing.assert_array_equal(info_u.accepted, info_w.accepted)
+
+
+@pytest.mark.parametrize("num_warmup, expected", [(100, [100, 97, 94, 91]), (3, None)])
+def test_warmup_keeps_every_stride_th_of_its_last_draws(num_warmup, expected):
+    # K = 16 points: stride max(1, 100 // 32) = 3, the last warmup draw first
+    points = jnp.full((16, 1), -1.0)
+    for i in range(1, num_warmup + 1):
+        points = record_warmup_draw(points, jnp.asarray(i), num_warmup, jnp.full(1, i))
+    kept = np.asarray(points[:, 0])
+    if expected is None:  # fewer warmup draws than points: the rest stay
+        np.testing.assert_array_equal(kept[:3], [3, 2, 1])
+        np.testing.assert_array_equal(kept[3:], -1.0)
+    else:
+        np.testing.assert_array_equal(kept[:4], expected)
+        np.testing.assert_array_equal(kept, 100 - 3 * np.arange(16))
+
+
+@pytest.mark.parametrize("block_size", [64, 5])
+def test_block_points_are_evenly_spaced_and_end_at_the_last(block_size):
+    z = jnp.arange(block_size, dtype=float)[:, None]
+    points = np.asarray(block_points(z, 16)[:, 0])
+    assert points[-1] == block_size - 1
+    assert np.all(np.diff(points) >= 0)
+    if block_size >= 16:
+        np.testing.assert_array_equal(np.diff(points), block_size // 16)
