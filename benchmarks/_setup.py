@@ -42,7 +42,7 @@ def add_solver_arguments(parser) -> None:
     group.add_argument("--max-solves", type=int, help="solves per block")
     group.add_argument("--damping", type=float)
     group.add_argument("--window", type=int)
-    group.add_argument("--solve-basis", choices=["whitened", "hessian"])
+    group.add_argument("--solve-basis", choices=["auto", "whitened", "hessian"])
     group.add_argument(
         "--dense-mass",
         action="store_true",

@@ -98,6 +98,9 @@ class DEERMALAState(NamedTuple):
 NUM_CURVATURE_POINTS = 16
 """Draws the solve basis averages the Hessian over (``K``)."""
 
+MAX_HESSIAN_BASIS_DIM = 512
+"""Largest latent dimension for which ``solve_basis="auto"`` rotates."""
+
 
 def record_warmup_draw(points: Array, i: Array, num_warmup: int, x: Array) -> Array:
     """Keep warmup draw ``i`` (1-based) if it is one of the curvature points.
@@ -226,7 +229,7 @@ def refill_block(
     solver: DEERSolver | None,
     gate: Gate,
     initial_guess: str = "start",
-    solve_basis: str = "whitened",
+    solve_basis: str = "auto",
 ) -> DEERMALAState:
     """Solve the next block from ``state.z`` with a fresh tape; ``index = 0``.
 
@@ -247,6 +250,8 @@ def refill_block(
 
     # the solve basis: the whitened coordinates, or their rotation to the
     # Hessian eigenbasis (both methods use it, so they compute the same chain)
+    if solve_basis == "auto":
+        solve_basis = "hessian" if w0.shape[0] <= MAX_HESSIAN_BASIS_DIM else "whitened"
     if solve_basis == "hessian":
         points = jax.vmap(lambda x: _to_w(mass_sqrt, x))(state.curvature_points)
         basis = curvature_basis(potential_w, points)

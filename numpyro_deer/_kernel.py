@@ -124,7 +124,12 @@ class DEERMALA(MCMCKernel):
             Jacobian strategies converge in far fewer iterations on correlated
             posteriors. Costs ``16 D`` Hessian-vector products and a ``D x D``
             eigendecomposition per block and a ``D x D`` product per gradient,
-            for moderate ``D`` (hundreds). The chain is the same in either
+            for moderate ``D`` (hundreds). ``"auto"`` (the default) is
+            ``"hessian"`` up to ``D = 512`` and ``"whitened"`` above. On the
+            H200 ablation (B=16,384) the Hessian basis took logistic
+            regression from 26 to 11 iterations, the D=100 one from 37 to 20
+            and the ill-conditioned Gaussian from 300 (unconverged) to 7,
+            and left eight schools unchanged. The chain is the same in either
             basis (a rotation commutes with MALA of identity mass).
         matmul_precision: precision of matrix products inside the kernel
             (``jax.default_matmul_precision``), ``"highest"`` by default so
@@ -162,7 +167,7 @@ class DEERMALA(MCMCKernel):
         damping: float = 0.0,
         window: int | None = None,
         initial_guess: str = "start",
-        solve_basis: str = "whitened",
+        solve_basis: str = "auto",
         method: str = "deer",
         matmul_precision: str | None = "highest",
         validate_model: bool = True,
@@ -204,11 +209,11 @@ class DEERMALA(MCMCKernel):
                 f"initial_guess={initial_guess!r}: use 'start' (repeat the first "
                 "state) or 'previous' (the previous block's draws)."
             )
-        if solve_basis not in ("whitened", "hessian"):
+        if solve_basis not in ("auto", "whitened", "hessian"):
             raise ValueError(
-                f"solve_basis={solve_basis!r}: use 'whitened' (the mass-matrix "
-                "coordinates) or 'hessian' (their rotation to the eigenvectors of "
-                "the mean Hessian)."
+                f"solve_basis={solve_basis!r}: use 'auto', 'whitened' (the "
+                "mass-matrix coordinates) or 'hessian' (their rotation to the "
+                "eigenvectors of the mean Hessian)."
             )
         self._initial_guess = initial_guess
         self._solve_basis = solve_basis
