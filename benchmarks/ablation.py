@@ -34,9 +34,8 @@ from numpyro_deer import DEERMALA, MCMC
 from numpyro_deer._block import empty_block
 from numpyro_deer.models import BENCHMARK_MODELS
 
-# one factor at a time, from the baseline (the kernel's defaults; before
-# solve_basis="auto" the baseline was the whitened basis, now
-# "basis=whitened"). Since
+# one factor at a time, from the baseline (the kernel's defaults; in JSON
+# written before solve_basis="auto" the baseline is "basis=whitened"). Since
 # DEERMALA's `clip` bounds the dense Jacobian too, "jacobian=full" is the
 # clipped one; rows of that name in JSON written before that change
 # (ablation_h200.json, ablation_hard_h200.json) are "full+clip=none".

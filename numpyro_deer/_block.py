@@ -176,7 +176,7 @@ def curvature_basis(potential_w: Callable[[Array], Array], points: Array) -> Arr
 
 
 def _rotate(potential_w, tape, basis):
-    """The potential, tape and maps of ``u = Q^T w``: the same chain, rotated.
+    """The potential and tape of ``u = Q^T w``: the same chain, rotated.
 
     MALA with the identity preconditioner commutes with a rotation: with the
     noise ``Q^T xi_t`` the chain of ``u`` is ``Q^T`` times the chain of ``w``
@@ -246,6 +246,7 @@ def refill_block(
     mass_sqrt = mass_matrix_sqrt(adapt.inverse_mass_matrix)
     potential_w, to_x = _whiten(potential_flat, mass_sqrt)
     w0 = _to_w(mass_sqrt, ravel(state.z))
+    rows_to_w = jax.vmap(lambda x: _to_w(mass_sqrt, x))
     tape = make_tape(key_tape, block_size, w0.shape[0], w0.dtype)
 
     # the solve basis: the whitened coordinates, or their rotation to the
@@ -253,8 +254,7 @@ def refill_block(
     if solve_basis == "auto":
         solve_basis = "hessian" if w0.shape[0] <= MAX_HESSIAN_BASIS_DIM else "whitened"
     if solve_basis == "hessian":
-        points = jax.vmap(lambda x: _to_w(mass_sqrt, x))(state.curvature_points)
-        basis = curvature_basis(potential_w, points)
+        basis = curvature_basis(potential_w, rows_to_w(state.curvature_points))
         potential_u, tape_u = _rotate(potential_w, tape, basis)
         u0 = basis.T @ w0
     else:
@@ -270,8 +270,7 @@ def refill_block(
             # a buffer no solve has filled (after init and warmup) holds no
             # draws: start from the state then, as "start" does
             filled = state.block.info.solves > 0
-            previous = jax.vmap(lambda x: _to_w(mass_sqrt, x))(state.block.z)
-            guess = jnp.where(filled, previous, w0)
+            guess = jnp.where(filled, rows_to_w(state.block.z), w0)
             guess = guess if basis is None else guess @ basis
         u, step_info, info = deer_solve(step_fn, u0, tape_u, key_probe, solver, guess)
         u, step_info = jax.lax.cond(
