@@ -63,9 +63,13 @@ VARIANTS: dict[str, dict] = {
     "probes=2+clip=0.5": {"num_probes": 2, "clip": 0.5},
     "basis=whitened": {"solve_basis": "whitened"},
     "basis=hessian": {"solve_basis": "hessian"},
+    "sequential+basis=whitened": {"solve_basis": "whitened"},
     "hessian+block=B/4": {"solve_basis": "hessian", "block": 0.25},
     "mass=dense": {"mass": "dense"},
     "window=B/8": {"window": 8},
+    # a window needs more (cheaper) iterations: the cap grows with B / window
+    "window=B/8+cap=8x": {"window": 8, "max_iter": 800},
+    "window=B/32+cap=32x": {"window": 32, "max_iter": 3200},
     "block=B/4": {"block": 0.25},
     "block=4B": {"block": 4},
 }
@@ -106,10 +110,16 @@ def _warmup(model, args, kwargs, num_warmup, mass, target, seed):
     return mcmc.post_warmup_state
 
 
-def _blocks_fn(kernel, args, kwargs, num_blocks):
-    """Jitted: ``num_blocks`` consecutive refills; returns per-block infos."""
+def _blocks_fn(kernel, args, kwargs, num_blocks, data_as_constants=False):
+    """Jitted: ``num_blocks`` consecutive refills; returns per-block infos.
 
-    def run(state):
+    The model's data are arguments of the jitted function, as in
+    ``MCMC.run(key, *args)``; ``data_as_constants`` closes over them instead,
+    which lets XLA fold them into the program (it changed the sequential
+    chain's time per draw on the H200, see docs/ablation.md).
+    """
+
+    def run(state, args, kwargs):
         def body(state, _):
             block = state.block
             size = jnp.asarray(block.z.shape[0], jnp.int32)
@@ -125,7 +135,10 @@ def _blocks_fn(kernel, args, kwargs, num_blocks):
 
         return jax.lax.scan(body, state, None, length=num_blocks)
 
-    return jax.jit(run)
+    if data_as_constants:
+        return jax.jit(lambda state: run(state, args, kwargs))
+    jitted = jax.jit(run)
+    return lambda state: jitted(state, args, kwargs)
 
 
 def _time(fn, state, repeats):
@@ -155,7 +168,7 @@ def run_variant(name, variant, args_ns):
     args, kwargs = spec.make_data(0)
     base_b = args_ns.block_size
     options = {} if variant == "sequential" else dict(VARIANTS[variant])
-    if variant == "sequential":
+    if variant.startswith("sequential"):
         options["method"] = "sequential"
     too_big = {"diag": args_ns.max_diag_dim, "full": args_ns.max_full_dim}
     if spec.latent_dim > too_big.get(options.get("jacobian"), spec.latent_dim):
@@ -172,7 +185,7 @@ def run_variant(name, variant, args_ns):
     z_flat = ravel_pytree(state.z)[0]
     state = state._replace(block=empty_block(block_size, z_flat, state.rng_key))
     num_blocks = max(1, int(args_ns.blocks * base_b // block_size))
-    fn = _blocks_fn(kernel, args, kwargs, num_blocks)
+    fn = _blocks_fn(kernel, args, kwargs, num_blocks, args_ns.data_as_constants)
     try:
         seconds, (_, (iters, conv, acc)) = _time(fn, state, args_ns.repeats)
     except Exception as err:  # noqa: BLE001 - report, e.g. out of memory
@@ -218,6 +231,12 @@ def main(argv=None):
     parser.add_argument("--max-diag-dim", type=int, default=64)
     parser.add_argument("--max-full-dim", type=int, default=256)
     parser.add_argument("--time-budget", type=float, default=1e9, help="seconds")
+    parser.add_argument(
+        "--data-as-constants",
+        action="store_true",
+        help="close the jitted blocks over the model's data (the harness's "
+        "behaviour before 2026-12-03) instead of passing them as arguments",
+    )
     parser.add_argument("--json", default="benchmarks/results/ablation.json")
     ns = parser.parse_args(argv)
     info = {

@@ -10,7 +10,10 @@
 # NUTS, and eight schools), "driver-stock-ablation-hard" (the driver's stock
 # row; dense-Jacobian variants on the four hard models), "ablation-rest" (the
 # remaining one-factor variants; eight schools' suite rows with the
-# defaults), "basis" (the Hessian solve basis: ablation and suite rows).
+# defaults), "basis" (the Hessian solve basis: ablation and suite rows),
+# "final-a" / "final-b" (the suite on all six models with the defaults),
+# "windows" (the windowed solve on the hard models), "reference" (the
+# sequential reference with data as arguments or constants).
 # OUTDIR receives the
 # JSON files and logs. BlackJAX is used when importable (carry its wheel; see
 # benchmarks/README.md).
@@ -106,6 +109,58 @@ basis)
         --models ill_conditioned_gaussian --solve-basis hessian \
         --draws 16384 131072 --skip-stock --nuts-draws 500 --nuts-warmup 300 \
         --max-seconds 95 --json "$out/suite_ill_conditioned_gaussian.json"
+    ;;
+final-a | final-b)
+    # one suite run per model with the package defaults (Hessian solve basis),
+    # stock MCMC at T = 16,384; final-a the three models whose blocks converge
+    # fast (T up to 1,048,576), final-b the three larger ones
+    if [ "$stage" = final-a ]; then
+        models="eight_schools logistic_regression ill_conditioned_gaussian"
+        long="--draws 16384 131072 1048576"
+        limit=175
+    else
+        models="logistic_regression_large hierarchical_logistic_regression stochastic_volatility"
+        long="--draws 16384 131072 --nuts-draws 500 --nuts-warmup 300"
+        limit=180
+    fi
+    for m in $models; do
+        run $limit "suite_$m" benchmarks/suite.py --models "$m" $long \
+            --stock-max-draws 16384 --max-seconds $((limit - 25)) \
+            --json "$out/suite_$m.json"
+    done
+    ;;
+windows)
+    # the windowed solve (window advancing with the front, iteration cap
+    # scaled with B / window) on the models whose full-block solve is slow;
+    # then the large logistic regression's suite rows with the defaults
+    run 330 ablation_window benchmarks/ablation.py --block-size 16384 \
+        --blocks 3 --warmup 800 --models hierarchical_logistic_regression \
+        stochastic_volatility eight_schools \
+        --variants window=B/32+cap=32x window=B/8+cap=8x --time-budget 300 \
+        --json "$out/ablation_window_h200.json"
+    run 200 suite_logistic_regression_large benchmarks/suite.py \
+        --models logistic_regression_large --draws 16384 131072 \
+        --nuts-draws 500 --nuts-warmup 300 --stock-max-draws 16384 \
+        --max-seconds 170 --json "$out/suite_logistic_regression_large.json"
+    ;;
+reference)
+    # the sequential reference with the model's data as jit arguments and as
+    # folded constants, in both solve bases; then the suite's rows of the two
+    # models the defaults do not solve fast, at T = 16,384
+    for how in args constants; do
+        flag=""
+        [ "$how" = constants ] && flag="--data-as-constants"
+        run 130 "ablation_reference_$how" benchmarks/ablation.py \
+            --block-size 16384 --blocks 1 --warmup 800 \
+            --models logistic_regression_large logistic_regression \
+            --variants sequential+basis=whitened basis=hessian $flag \
+            --json "$out/ablation_reference_${how}_h200.json"
+    done
+    for m in hierarchical_logistic_regression stochastic_volatility; do
+        run 110 "suite_$m" benchmarks/suite.py --models "$m" --draws 16384 \
+            --nuts-draws 500 --nuts-warmup 300 --stock-max-draws 16384 \
+            --max-seconds 90 --json "$out/suite_$m.json"
+    done
     ;;
 *)
     echo "unknown stage $stage" >&2
