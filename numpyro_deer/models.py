@@ -31,7 +31,6 @@ from collections.abc import Callable
 from functools import partial
 from typing import NamedTuple
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import numpyro
@@ -56,6 +55,7 @@ from numpyro_deer._closed_form import (
     make_gaussian_mean_data,
     make_ill_conditioned_gaussian_data,
 )
+from numpyro_deer._scan import scan_diagonal
 
 __all__ = [
     "BENCHMARK_MODELS",
@@ -287,22 +287,16 @@ def make_hierarchical_logistic_data(
 def _stationary_ar1(phi: Array, one_minus_phi_sq: Array, eps: Array) -> Array:
     """AR(1) path ``x[t] = phi * x[t-1] + eps[t]`` started at stationarity.
 
-    ``x[0] = eps[0] / sqrt(1 - phi**2)``. The recursion is linear, so it is
-    computed by :func:`jax.lax.associative_scan` on the pairs ``(phi, eps[t])``
-    with ``(a, b) * (a', b') = (a a', a' b + b')``: ``O(T log T)`` elementwise
-    work in ``log T`` parallel steps, which batches well on a GPU (a closed-form
-    ``T x T`` matrix product would cost ``T**2`` per evaluation).
+    ``x[0] = eps[0] / sqrt(1 - phi**2)``. The recursion is affine with a
+    scalar transition, so it is the package's parallel affine scan
+    (:func:`numpyro_deer._scan.scan_diagonal`, the DEER linear step) on the
+    pairs ``(phi, eps[t])``: ``O(T log T)`` elementwise work in ``log T``
+    parallel steps, which batches well on a GPU (a closed-form ``T x T`` matrix
+    product would cost ``T**2`` per evaluation).
     """
     first = eps[0] / jnp.sqrt(one_minus_phi_sq)
     b = eps.at[0].set(first)
-    a = jnp.full_like(eps, phi)
-
-    def combine(left, right):
-        a_l, b_l = left
-        a_r, b_r = right
-        return a_l * a_r, a_r * b_l + b_r
-
-    return jax.lax.associative_scan(combine, (a, b))[1]
+    return scan_diagonal(jnp.full_like(eps, phi), b)
 
 
 def stochastic_volatility(returns: ArrayLike) -> None:
