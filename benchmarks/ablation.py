@@ -71,6 +71,9 @@ VARIANTS: dict[str, dict] = {
     "window=B/8+cap=8x": {"window": 8, "max_iter": 800},
     "window=B/32+cap=32x": {"window": 32, "max_iter": 3200},
     "block=B/4": {"block": 0.25},
+    "block=B/8": {"block": 0.125},
+    "block=B/16": {"block": 0.0625},
+    "block=B/32": {"block": 0.03125},
     "block=4B": {"block": 4},
 }
 
@@ -176,9 +179,8 @@ def run_variant(name, variant, args_ns):
     block_size = int(base_b * options.get("block", 1))
     setting = (name, options.get("mass", "diag"), options.get("target"))
     if setting not in WARM:
-        WARM[setting] = _warmup(
-            spec.model, args, kwargs, args_ns.warmup, *setting[1:], 0
-        )
+        num_warmup = spec.num_warmup if args_ns.warmup is None else args_ns.warmup
+        WARM[setting] = _warmup(spec.model, args, kwargs, num_warmup, *setting[1:], 0)
     state = WARM[setting]
     kernel = _kernel(spec.model, block_size, options)
     kernel.init(jax.random.PRNGKey(1), 0, state.z, args, kwargs)
@@ -226,7 +228,12 @@ def main(argv=None):
     parser.add_argument("--variants", nargs="*", default=None)
     parser.add_argument("--block-size", type=int, default=1024)
     parser.add_argument("--blocks", type=int, default=2)
-    parser.add_argument("--warmup", type=int, default=500)
+    parser.add_argument(
+        "--warmup",
+        type=int,
+        default=None,
+        help="warmup steps (default: each model's num_warmup in BENCHMARK_MODELS)",
+    )
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--max-diag-dim", type=int, default=64)
     parser.add_argument("--max-full-dim", type=int, default=256)

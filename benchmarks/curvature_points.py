@@ -5,6 +5,9 @@ block after warmup solved by DEER in the Hessian eigenbasis averaged over 16
 points taken from
 
 * ``warmup``: the later warmup draws (what ``DEERMALA`` uses for this block),
+* ``previous``: a previous block's draws (what ``DEERMALA`` uses for every
+  block after the first): the solved block is then the second one after
+  warmup, its predecessor computed sequentially,
 * ``oracle``: the block's own chain (computed sequentially first; not
   available to a sampler, it bounds what a better choice of points can give),
 * ``refresh``: the warmup points for ``--refresh-after`` iterations, then the
@@ -14,7 +17,10 @@ Newton iterations are a property of the posterior, the block and the
 settings, not of the device, so this diagnostic runs on a CPU.
 
     PYTHONPATH=. python benchmarks/curvature_points.py \\
-        --models hierarchical_logistic_regression --block-size 1024
+        --models hierarchical_logistic_regression --block-size 2048 --warmup 800
+
+Without ``--warmup``, each model warms up for its ``num_warmup``
+(``BENCHMARK_MODELS``): long enough for the chain to be stationary.
 
 The table is printed last; full results go to ``--json``.
 """
@@ -50,9 +56,12 @@ def _solve(potential_w, w0, tape, step_size, solver, points, guess=None, seed=7)
     return u @ basis.T, info
 
 
-def run_model(name: str, block_size: int, refresh_after: int, warmup: int) -> dict:
+def run_model(
+    name: str, block_size: int, refresh_after: int, warmup: int | None
+) -> list[dict]:
     spec = BENCHMARK_MODELS[name]
     args, kwargs = spec.make_data(0)
+    warmup = spec.num_warmup if warmup is None else warmup
     state = _warmup(spec.model, args, kwargs, warmup, "diag", None, 0)
     kernel = DEERMALA(spec.model, block_size=block_size)
     kernel.init(jax.random.PRNGKey(1), 0, state.z, args, kwargs)
@@ -65,7 +74,8 @@ def run_model(name: str, block_size: int, refresh_after: int, warmup: int) -> di
     solver = kernel._solver
     num_points = state.curvature_points.shape[0]
 
-    chain, _ = jax.jit(lambda: sequential_chain(potential_w, w0, tape, step_size))()
+    chain_fn = jax.jit(lambda w, t: sequential_chain(potential_w, w, t, step_size)[0])
+    chain = chain_fn(w0, tape)
     points = {
         "warmup": jax.vmap(lambda x: blk._to_w(mass_sqrt, x))(state.curvature_points),
         "oracle": blk.block_points(chain, num_points),
@@ -84,6 +94,14 @@ def run_model(name: str, block_size: int, refresh_after: int, warmup: int) -> di
     for label, p in points.items():
         w, info = solve(p)
         rows.append(_row(name, label, info.iterations, info, w, chain))
+    # the next block (another tape), its basis from this block's draws
+    tape_next = make_tape(jax.random.PRNGKey(6), block_size, w0.shape[0], w0.dtype)
+    chain_next = chain_fn(chain[-1], tape_next)
+    solve_next = jax.jit(
+        lambda p: _solve(potential_w, chain[-1], tape_next, step_size, solver, p)
+    )
+    w, info = solve_next(blk.block_points(chain, num_points))
+    rows.append(_row(name, "previous", info.iterations, info, w, chain_next))
     w, info1, info2 = refreshed(points["warmup"])
     rows.append(
         _row(name, "refresh", info1.iterations + info2.iterations, info2, w, chain)
@@ -109,7 +127,12 @@ def main(argv=None):
         "--models", nargs="+", default=["hierarchical_logistic_regression"]
     )
     parser.add_argument("--block-size", type=int, default=1024)
-    parser.add_argument("--warmup", type=int, default=800)
+    parser.add_argument(
+        "--warmup",
+        type=int,
+        default=None,
+        help="warmup steps (default: each model's num_warmup)",
+    )
     parser.add_argument("--refresh-after", type=int, default=30)
     parser.add_argument("--json", default="benchmarks/results/curvature_points.json")
     ns = parser.parse_args(argv)
@@ -123,7 +146,11 @@ def main(argv=None):
     }
     with open(ns.json, "w") as f:
         json.dump({"machine": machine, "args": vars(ns), "rows": rows}, f, indent=1)
-    print(f"\nB = {ns.block_size}; refresh after {ns.refresh_after} iterations")
+    warmup = ns.warmup or "each model's num_warmup"
+    print(
+        f"\nB = {ns.block_size}; warmup {warmup}; "
+        f"refresh after {ns.refresh_after} iterations"
+    )
     print("| model | curvature points | Newton its | converged |")
     print("|---|---|---|---|")
     for r in rows:

@@ -175,7 +175,11 @@ def plot(results: dict, output: Path) -> Path:
 
     machine = results.get("machine", {})
     config = results.get("config", {})
-    block = config.get("block_size") or f"min(T, {config.get('max_block_size')})"
+    block = config.get("block_size") or (
+        f"min(T, {config['max_block_size']})"
+        if config.get("max_block_size")
+        else "per model (docs/benchmarks.md)"
+    )
     fig.suptitle(
         f"{machine.get('device_kind')} ({machine.get('backend')}), jax "
         f"{machine.get('jax')}, numpyro {machine.get('numpyro')}; block size {block}; "
@@ -189,6 +193,11 @@ def plot(results: dict, output: Path) -> Path:
     return output
 
 
+def _block_setting(results: dict) -> tuple:
+    config = results.get("config", {})
+    return config.get("block_size"), config.get("max_block_size")
+
+
 def main(argv=None):
     args = parse_args(argv)
     paths = [Path(p) for p in args.json]
@@ -200,6 +209,9 @@ def main(argv=None):
             results = part
         else:
             results["rows"] = results.get("rows", []) + part.get("rows", [])
+            if _block_setting(part) != _block_setting(results):
+                results["config"] = {**results.get("config", {}), "block_size": None}
+                results["config"]["max_block_size"] = None
     output = Path(args.output) if args.output else paths[0].with_suffix(".png")
     plot(results, output)
     print(f"wrote {output}")

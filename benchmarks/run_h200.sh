@@ -12,10 +12,10 @@
 # remaining one-factor variants; eight schools' suite rows with the
 # defaults), "basis" (the Hessian solve basis: ablation and suite rows),
 # "final-a" / "final-b" (the suite on all six models with the defaults),
-# "windows" (the windowed solve on the hard models), "reference" (the
-# sequential reference with data as arguments or constants).
-# OUTDIR receives the
-# JSON files and logs. BlackJAX is used when importable (carry its wheel; see
+# "warm" / "warm-b" (block sizes after a stationary warmup; suite rows of
+# the larger models), "windows" (the windowed
+# solve on the hard models), "reference" (the sequential reference with data
+# as arguments or constants). OUTDIR receives the JSON files and logs. BlackJAX is used when importable (carry its wheel; see
 # benchmarks/README.md).
 set -uo pipefail
 stage=$1
@@ -127,6 +127,36 @@ final-a | final-b)
         run $limit "suite_$m" benchmarks/suite.py --models "$m" $long \
             --stock-max-draws 16384 --max-seconds $((limit - 25)) \
             --json "$out/suite_$m.json"
+    done
+    ;;
+warm)
+    # the two models that need a long MALA warmup (BENCHMARK_MODELS'
+    # num_warmup, 3,000 steps, now the scripts' default) at block sizes 2,048
+    # to 16,384, and the D = 100 logistic regression likewise; then that
+    # model's suite rows with blocks of at most 16,384
+    run 300 ablation_warm benchmarks/ablation.py --block-size 16384 --blocks 2 \
+        --models hierarchical_logistic_regression stochastic_volatility \
+        logistic_regression_large --variants block=B/8 block=B/4 baseline \
+        --time-budget 270 --json "$out/ablation_warm_h200.json"
+    run 220 suite_logistic_regression_large benchmarks/suite.py \
+        --models logistic_regression_large --draws 16384 131072 \
+        --max-block-size 16384 --nuts-draws 500 --nuts-warmup 300 \
+        --stock-max-draws 16384 --max-seconds 190 \
+        --json "$out/suite_logistic_regression_large.json"
+    ;;
+warm-b)
+    # smaller blocks for stochastic volatility; then the suite rows of the
+    # two long-warmup models at the block size the "warm" stage found best
+    # (hierarchical: 4,096) or the best measured so far (SV: 2,048)
+    run 190 ablation_warm_sv benchmarks/ablation.py --block-size 16384 \
+        --blocks 1 --models stochastic_volatility \
+        --variants block=B/16 block=B/32 --time-budget 170 \
+        --json "$out/ablation_warm_sv_h200.json"
+    for m in hierarchical_logistic_regression:4096 stochastic_volatility:2048; do
+        run 175 "suite_${m%:*}" benchmarks/suite.py --models "${m%:*}" \
+            --draws 16384 131072 --max-block-size "${m#*:}" --nuts-draws 500 \
+            --nuts-warmup 300 --stock-max-draws 16384 --max-seconds 150 \
+            --json "$out/suite_${m%:*}.json"
     done
     ;;
 windows)

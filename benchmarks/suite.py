@@ -73,7 +73,13 @@ def parse_args(argv=None):
         default=[4096],
         help="chain lengths T (post-warmup draws)",
     )
-    parser.add_argument("--warmup", type=int, default=500, help="DEERMALA warmup steps")
+    parser.add_argument(
+        "--warmup",
+        type=int,
+        default=None,
+        help="DEERMALA warmup steps (default: the model's num_warmup in "
+        "numpyro_deer.models.BENCHMARK_MODELS, 500 or 3,000)",
+    )
     parser.add_argument(
         "--block-size",
         type=int,
@@ -86,7 +92,7 @@ def parse_args(argv=None):
         "--nuts-warmup",
         type=int,
         default=None,
-        help="NUTS warmup steps (default: --warmup)",
+        help="NUTS warmup steps (default: --warmup, else 500)",
     )
     parser.add_argument("--skip-sequential", action="store_true")
     parser.add_argument("--skip-stock", action="store_true")
@@ -151,7 +157,7 @@ def parse_args(argv=None):
                 f"unknown model {name!r}; choose from {', '.join(BENCHMARK_MODELS)}"
             )
     if args.nuts_warmup is None:
-        args.nuts_warmup = args.warmup
+        args.nuts_warmup = 500 if args.warmup is None else args.warmup
     return args
 
 
@@ -480,7 +486,12 @@ class Suite:
         key_warmup, key_run, key_nuts, key_bjx = jax.random.split(key_model, 4)
         bench, model_args, model_kwargs = _setup.get_model(name)
         model = ModelRun(bench, (model_args, model_kwargs), key_run, key_bjx)
-        model_info = {"latent_dim": bench.latent_dim, "description": bench.description}
+        model.num_warmup = bench.num_warmup if args.warmup is None else args.warmup
+        model_info = {
+            "latent_dim": bench.latent_dim,
+            "description": bench.description,
+            "warmup": model.num_warmup,
+        }
         self.results["models"][name] = model_info
         print(f"\n{name}: {bench.description}", flush=True)
         if self.out_of_time():
@@ -490,7 +501,12 @@ class Suite:
             return
         try:
             model.state0, warmup_s = _setup.warmup(
-                bench, model_args, model_kwargs, args.warmup, key_warmup, self.options
+                bench,
+                model_args,
+                model_kwargs,
+                model.num_warmup,
+                key_warmup,
+                self.options,
             )
         except Exception as exc:
             traceback.print_exc()
@@ -503,7 +519,7 @@ class Suite:
             warmup_accept_rate=float(model.state0.mean_accept_prob),
         )
         print(
-            f"  warmup {args.warmup} steps: {warmup_s:.1f} s (with compilation), "
+            f"  warmup {model.num_warmup} steps: {warmup_s:.1f} s (with compilation), "
             f"step size {model_info['step_size']:.3g}, accept "
             f"{model_info['warmup_accept_rate']:.2f}",
             flush=True,
@@ -601,14 +617,14 @@ class Suite:
             model.bench, block_size, kernel_method, self.options
         )
         state = _setup.attach(
-            kernel, model.state0, model_args, model_kwargs, args.warmup
+            kernel, model.state0, model_args, model_kwargs, model.num_warmup
         )
         run = run_stock if method == "stock" else run_block_driver
         (samples, extra, last), timing = run(
             kernel,
             state,
             model.data,
-            args.warmup,
+            model.num_warmup,
             num_draws,
             model.key_run,
             _timing_options(args),
@@ -650,8 +666,9 @@ class Suite:
         for note in self.results["notes"]:
             print(f"note: {note}")
         print(f"wrote {args.json}")
+        warmup = args.warmup or "per model (models' num_warmup)"
         print(
-            f"{common.describe_machine(self.info)}; warmup {args.warmup}; timed runs "
+            f"{common.describe_machine(self.info)}; warmup {warmup}; timed runs "
             "exclude compilation; 'vs seq' = sequential time / time; 'vs NUTS' = "
             "ESS/s / NUTS's ESS/s"
         )
@@ -666,6 +683,7 @@ class ModelRun:
         self.data = data
         self.key_run = key_run
         self.key_bjx = key_bjx
+        self.num_warmup = None
         self.state0 = None
         self.deer_draws = None
 

@@ -10,12 +10,16 @@ problem that runs in about a minute on a 2-core CPU; the benchmark size is
 ``--num-obs 2000 --num-groups 85 --num-features 3`` (latent dimension 91).
 MALA mixes slowly per draw on this posterior (watch ``n_eff`` of ``gamma`` and
 ``mu_a``): ask for tens of thousands of draws where they are cheap, on a GPU.
+At the benchmark size MALA also needs a longer warmup than NUTS: after 800
+steps its chain is still on the way to the posterior, and DEER's first blocks
+stall; 3,000 steps suffice (``docs/limitations.md``). On an H200 that setting
+with blocks of 4,096 ran 2.4x the sequential chain (``docs/benchmarks.md``).
 
 For example::
 
     python examples/hierarchical_logistic.py
     python examples/hierarchical_logistic.py --num-obs 2000 --num-groups 85 \\
-        --num-samples 100000 --block-size 4096 --gate sigmoid --device gpu
+        --num-warmup 3000 --num-samples 131072 --block-size 4096 --device gpu
 """
 
 import argparse
