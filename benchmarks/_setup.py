@@ -101,6 +101,12 @@ def get_model(name: str):
     return bench, tuple(model_args), dict(model_kwargs)
 
 
+def warmup_steps(bench, override: int | None) -> int:
+    """``--warmup`` if given, else the model's ``num_warmup`` (long enough for
+    its MALA chain to be stationary)."""
+    return bench.num_warmup if override is None else override
+
+
 def warmup(bench, model_args, model_kwargs, num_warmup, rng_key, options):
     """One DEERMALA warmup through ``numpyro_deer.MCMC``.
 

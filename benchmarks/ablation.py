@@ -28,6 +28,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import numpyro
+from _setup import warmup_steps
 from jax.flatten_util import ravel_pytree
 
 from numpyro_deer import DEERMALA, MCMC
@@ -179,7 +180,7 @@ def run_variant(name, variant, args_ns):
     block_size = int(base_b * options.get("block", 1))
     setting = (name, options.get("mass", "diag"), options.get("target"))
     if setting not in WARM:
-        num_warmup = spec.num_warmup if args_ns.warmup is None else args_ns.warmup
+        num_warmup = warmup_steps(spec, args_ns.warmup)
         WARM[setting] = _warmup(spec.model, args, kwargs, num_warmup, *setting[1:], 0)
     state = WARM[setting]
     kernel = _kernel(spec.model, block_size, options)

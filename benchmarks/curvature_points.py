@@ -34,6 +34,7 @@ import json
 import jax
 import jax.numpy as jnp
 import numpyro
+from _setup import warmup_steps
 from ablation import _warmup
 from jax.flatten_util import ravel_pytree
 
@@ -61,7 +62,7 @@ def run_model(
 ) -> list[dict]:
     spec = BENCHMARK_MODELS[name]
     args, kwargs = spec.make_data(0)
-    warmup = spec.num_warmup if warmup is None else warmup
+    warmup = warmup_steps(spec, warmup)
     state = _warmup(spec.model, args, kwargs, warmup, "diag", None, 0)
     kernel = DEERMALA(spec.model, block_size=block_size)
     kernel.init(jax.random.PRNGKey(1), 0, state.z, args, kwargs)

@@ -13,10 +13,10 @@
 # defaults), "basis" (the Hessian solve basis: ablation and suite rows),
 # "final-a" / "final-b" (the suite on all six models with the defaults),
 # "warm" / "warm-b" (block sizes after a stationary warmup; suite rows of
-# the larger models), "windows" (the windowed
-# solve on the hard models), "reference" (the sequential reference with data
-# as arguments or constants). OUTDIR receives the JSON files and logs. BlackJAX is used when importable (carry its wheel; see
-# benchmarks/README.md).
+# the larger models), "windows" (the windowed solve on the hard models),
+# "reference" (the sequential reference with data as arguments or
+# constants). OUTDIR receives the JSON files and logs. BlackJAX is used when
+# importable (carry its wheel; see benchmarks/README.md).
 set -uo pipefail
 stage=$1
 out=$2

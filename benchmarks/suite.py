@@ -486,7 +486,7 @@ class Suite:
         key_warmup, key_run, key_nuts, key_bjx = jax.random.split(key_model, 4)
         bench, model_args, model_kwargs = _setup.get_model(name)
         model = ModelRun(bench, (model_args, model_kwargs), key_run, key_bjx)
-        model.num_warmup = bench.num_warmup if args.warmup is None else args.warmup
+        model.num_warmup = _setup.warmup_steps(bench, args.warmup)
         model_info = {
             "latent_dim": bench.latent_dim,
             "description": bench.description,
