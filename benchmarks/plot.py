@@ -210,8 +210,8 @@ def main(argv=None):
         else:
             results["rows"] = results.get("rows", []) + part.get("rows", [])
             if _block_setting(part) != _block_setting(results):
-                results["config"] = {**results.get("config", {}), "block_size": None}
-                results["config"]["max_block_size"] = None
+                unset = {"block_size": None, "max_block_size": None}
+                results["config"] = {**results.get("config", {}), **unset}
     output = Path(args.output) if args.output else paths[0].with_suffix(".png")
     plot(results, output)
     print(f"wrote {output}")

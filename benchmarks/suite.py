@@ -485,8 +485,13 @@ class Suite:
         key_model = jax.random.fold_in(jax.random.PRNGKey(args.seed), model_index)
         key_warmup, key_run, key_nuts, key_bjx = jax.random.split(key_model, 4)
         bench, model_args, model_kwargs = _setup.get_model(name)
-        model = ModelRun(bench, (model_args, model_kwargs), key_run, key_bjx)
-        model.num_warmup = _setup.warmup_steps(bench, args.warmup)
+        model = ModelRun(
+            bench,
+            (model_args, model_kwargs),
+            key_run,
+            key_bjx,
+            _setup.warmup_steps(bench, args.warmup),
+        )
         model_info = {
             "latent_dim": bench.latent_dim,
             "description": bench.description,
@@ -678,12 +683,12 @@ class Suite:
 class ModelRun:
     """What the rows of one model share."""
 
-    def __init__(self, bench, data, key_run, key_bjx):
+    def __init__(self, bench, data, key_run, key_bjx, num_warmup):
         self.bench = bench
         self.data = data
         self.key_run = key_run
         self.key_bjx = key_bjx
-        self.num_warmup = None
+        self.num_warmup = num_warmup
         self.state0 = None
         self.deer_draws = None
 
