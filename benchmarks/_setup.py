@@ -55,6 +55,12 @@ def add_solver_arguments(parser) -> None:
         default=None,
         help="do not adapt the mass matrix in warmup",
     )
+    group.add_argument(
+        "--hessian-mass",
+        action="store_true",
+        default=None,
+        help="adapt_mass_matrix='hessian': the inverse mean Hessian as mass matrix",
+    )
     group.add_argument("--target-accept", type=float)
     group.add_argument(
         "--matmul-precision",
@@ -82,8 +88,12 @@ def kernel_options(args) -> dict:
     options = {k: v for k, v in options.items() if v is not None}
     if args.clip is not None:
         options["clip"] = None if args.clip <= 0 else args.clip
+    if args.no_adapt_mass and args.hessian_mass:
+        raise SystemExit("--no-adapt-mass and --hessian-mass exclude each other")
     if args.no_adapt_mass:
         options["adapt_mass_matrix"] = False
+    if args.hessian_mass:
+        options["adapt_mass_matrix"] = "hessian"
     if args.matmul_precision is not None:
         precision = args.matmul_precision
         options["matmul_precision"] = None if precision == "none" else precision

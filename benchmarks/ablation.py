@@ -30,6 +30,7 @@ import numpy as np
 import numpyro
 from _setup import warmup_steps
 from jax.flatten_util import ravel_pytree
+from numpyro.diagnostics import effective_sample_size
 
 from numpyro_deer import DEERMALA, MCMC
 from numpyro_deer._block import empty_block
@@ -67,6 +68,9 @@ VARIANTS: dict[str, dict] = {
     "sequential+basis=whitened": {"solve_basis": "whitened"},
     "hessian+block=B/4": {"solve_basis": "hessian", "block": 0.25},
     "mass=dense": {"mass": "dense"},
+    "mass=hessian": {"mass": "hessian"},
+    "mass=hessian+block=B/4": {"mass": "hessian", "block": 0.25},
+    "sequential+mass=hessian": {"mass": "hessian"},
     "window=B/8": {"window": 8},
     # a window needs more (cheaper) iterations: the cap grows with B / window
     "window=B/8+cap=8x": {"window": 8, "max_iter": 800},
@@ -106,7 +110,7 @@ def _warmup(model, args, kwargs, num_warmup, mass, target, seed):
         model,
         block_size=16,
         dense_mass=mass == "dense",
-        adapt_mass_matrix=mass != "identity",
+        adapt_mass_matrix="hessian" if mass == "hessian" else mass != "identity",
         **options,
     )
     mcmc = MCMC(kernel, num_warmup=num_warmup, num_samples=16, progress_bar=False)
@@ -135,6 +139,8 @@ def _blocks_fn(kernel, args, kwargs, num_blocks, data_as_constants=False):
                 info.iterations,
                 info.converged,
                 state.block.accept_prob.mean(),
+                state.block.z,
+                state.block.potential_energy,
             )
 
         return jax.lax.scan(body, state, None, length=num_blocks)
@@ -157,6 +163,19 @@ def _time(fn, state, repeats):
         jax.block_until_ready(out)
         times.append(time.perf_counter() - t0)
     return float(np.median(times)), out
+
+
+def _ess_per_draw(z, potential_energy) -> dict:
+    """Effective sample size per draw of the blocks' draws (one chain): the
+    smallest over the unconstrained coordinates, and the potential energy's."""
+    z = np.asarray(z, np.float64).reshape(-1, np.shape(z)[-1])
+    pe = np.asarray(potential_energy, np.float64).reshape(1, -1)
+    ess = np.asarray(effective_sample_size(z[None]))
+    return {
+        "ess_min_per_draw": float(ess.min() / len(z)),
+        "ess_median_per_draw": float(np.median(ess) / len(z)),
+        "ess_pe_per_draw": float(effective_sample_size(pe) / len(z)),
+    }
 
 
 START = time.perf_counter()
@@ -190,7 +209,7 @@ def run_variant(name, variant, args_ns):
     num_blocks = max(1, int(args_ns.blocks * base_b // block_size))
     fn = _blocks_fn(kernel, args, kwargs, num_blocks, args_ns.data_as_constants)
     try:
-        seconds, (_, (iters, conv, acc)) = _time(fn, state, args_ns.repeats)
+        seconds, (_, (iters, conv, acc, z, pe)) = _time(fn, state, args_ns.repeats)
     except Exception as err:  # noqa: BLE001 - report, e.g. out of memory
         print(f"{name:28s} {variant:20s} ERROR {repr(err)[:160]}", flush=True)
         return {"model": name, "variant": variant, "error": repr(err)[:300]}
@@ -207,6 +226,7 @@ def run_variant(name, variant, args_ns):
         "iterations": np.asarray(iters).tolist(),
         "converged": np.asarray(conv).tolist(),
         "accept": float(np.mean(acc)),
+        **_ess_per_draw(z, pe),
         "step_size": float(state.adapt_state.step_size),
         "seconds": seconds,
         "first_call_seconds": _time.first,
@@ -217,6 +237,7 @@ def run_variant(name, variant, args_ns):
         f"{name:28s} {variant:20s} B={block_size:7d} its={row['iterations']} "
         f"conv={sum(row['converged'])}/{num_blocks} {per_draw * 1e6:9.2f} us/draw "
         f"x{row['speedup_vs_sequential'] or 0:.2f} acc={row['accept']:.2f} "
+        f"ess/draw min={row['ess_min_per_draw']:.4f} pe={row['ess_pe_per_draw']:.4f} "
         f"first={_time.first:.1f}s",
         flush=True,
     )
@@ -273,18 +294,22 @@ def main(argv=None):
                 rows.append(row)
                 write(rows)  # after every row, so a run cut short keeps it
     write(rows)
-    print("\n| model | variant | B | median its | converged | us/draw | vs seq |")
-    print("|---|---|---|---|---|---|---|")
+    print(
+        "\n| model | variant | B | median its | converged | us/draw | vs seq "
+        "| ESS/draw min, pe |"
+    )
+    print("|---|---|---|---|---|---|---|---|")
     for r in rows:
         if "error" in r:
-            print(f"| {r['model']} | {r['variant']} | | error | | | |")
+            print(f"| {r['model']} | {r['variant']} | | error | | | | |")
             continue
         sp = r["speedup_vs_sequential"]
         print(
             f"| {r['model']} | {r['variant']} | {r['block_size']} | "
             f"{int(np.median(r['iterations']))} | "
             f"{sum(r['converged'])}/{r['num_blocks']} | {r['us_per_draw']:.2f} | "
-            f"{'' if sp is None else f'{sp:.2f}x'} |"
+            f"{'' if sp is None else f'{sp:.2f}x'} | "
+            f"{r['ess_min_per_draw']:.4f}, {r['ess_pe_per_draw']:.4f} |"
         )
 
 

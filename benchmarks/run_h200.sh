@@ -15,7 +15,8 @@
 # "warm" / "warm-b" (block sizes after a stationary warmup; suite rows of
 # the larger models), "windows" (the windowed solve on the hard models),
 # "reference" (the sequential reference with data as arguments or
-# constants). OUTDIR receives the JSON files and logs. BlackJAX is used when
+# constants), "hessian", "hessian-sv", "hessian-b" (the Hessian mass
+# matrix). OUTDIR receives the JSON files and logs. BlackJAX is used when
 # importable (carry its wheel; see benchmarks/README.md).
 set -uo pipefail
 stage=$1
@@ -191,6 +192,45 @@ reference)
             --nuts-draws 500 --nuts-warmup 300 --stock-max-draws 16384 \
             --max-seconds 90 --json "$out/suite_$m.json"
     done
+    ;;
+hessian)
+    # the Hessian mass matrix (adapt_mass_matrix="hessian") against the
+    # diagonal one on the two long-warmup models, 16,384 draws per row, in
+    # their best blocks (hierarchical 4,096, SV 1,024) and in one block
+    for spec in hierarchical_logistic_regression:4096:4 \
+        stochastic_volatility:1024:16 hierarchical_logistic_regression:16384:1 \
+        stochastic_volatility:16384:1; do
+        IFS=: read -r m b n <<<"$spec"
+        run 140 "ablation_hessian_${m}_$b" benchmarks/ablation.py \
+            --block-size "$b" --blocks "$n" --models "$m" \
+            --variants baseline sequential+mass=hessian mass=hessian \
+            --time-budget 120 --json "$out/ablation_hessian_${m}_${b}_h200.json"
+    done
+    ;;
+hessian-sv)
+    # the SV rows the "hessian" stage's time budget cut, then the suite rows
+    # of the two long-warmup models with the Hessian mass (NUTS as in run6)
+    for b in 1024:16 16384:1; do
+        run 110 "ablation_hessian_sv_${b%:*}" benchmarks/ablation.py \
+            --block-size "${b%:*}" --blocks "${b#*:}" \
+            --models stochastic_volatility \
+            --variants sequential+mass=hessian mass=hessian \
+            --json "$out/ablation_hessian_sv_${b%:*}_h200.json"
+    done
+    for m in hierarchical_logistic_regression:4096 stochastic_volatility:1024; do
+        run 150 "suite_${m%:*}" benchmarks/suite.py --models "${m%:*}" \
+            --draws 16384 --max-block-size "${m#*:}" --hessian-mass \
+            --nuts-draws 500 --nuts-warmup 300 --stock-max-draws 0 \
+            --max-seconds 130 --json "$out/suite_${m%:*}_hessian.json"
+    done
+    ;;
+hessian-b)
+    # the four other models (B = 16,384, two blocks)
+    run 560 ablation_hessian_rest benchmarks/ablation.py --block-size 16384 \
+        --blocks 2 --models eight_schools logistic_regression \
+        logistic_regression_large ill_conditioned_gaussian \
+        --variants baseline sequential+mass=hessian mass=hessian \
+        --time-budget 520 --json "$out/ablation_hessian_rest_h200.json"
     ;;
 *)
     echo "unknown stage $stage" >&2

@@ -26,6 +26,7 @@ import jax
 import jax.numpy as jnp
 from jax import Array
 
+from ._hessian_mass import mean_hessian
 from ._mala import Gate, finish_chain, make_step_fn, make_tape, sequential_chain
 from ._newton import DEERSolver, NewtonInfo, deer_solve
 
@@ -105,16 +106,18 @@ MAX_HESSIAN_BASIS_DIM = 512
 def record_warmup_draw(points: Array, i: Array, num_warmup: int, x: Array) -> Array:
     """Keep warmup draw ``i`` (1-based) if it is one of the curvature points.
 
-    The points are every ``s``-th of the last ``K s`` warmup draws, with
-    ``s = max(1, num_warmup // (2 K))``: spread over the later half of warmup,
-    the last draw included. With fewer than ``K`` warmup draws the remaining
-    slots keep the initial point.
+    Every ``s``-th warmup draw, ``s = max(1, num_warmup // (2 K))``, counted
+    back from the last, goes into a ring of ``K`` slots. During warmup the
+    ring holds the ``K`` latest such draws (the Hessian mass matrix uses them
+    at each window end); at its end, every ``s``-th of the last ``K s``
+    draws: spread over the later half of warmup, the last draw included. With
+    fewer than ``K`` warmup draws the remaining slots keep the initial point.
     """
     num_points = points.shape[0]
     stride = max(1, num_warmup // (2 * num_points))
     back = num_warmup - i  # 0 for the last warmup draw
-    take = (back >= 0) & (back < num_points * stride) & (back % stride == 0)
-    slot = jnp.clip(back // stride, 0, num_points - 1)
+    take = (back >= 0) & (back % stride == 0)
+    slot = (back // stride) % num_points
     return jnp.where(take, points.at[slot].set(x), points)
 
 
@@ -167,8 +170,7 @@ def curvature_basis(potential_w: Callable[[Array], Array], points: Array) -> Arr
     Hessian gives ``Q = I`` (the whitened basis).
     """
     dim = points.shape[-1]
-    hessian = jnp.mean(jax.vmap(jax.hessian(potential_w))(points), axis=0)
-    hessian = 0.5 * (hessian + hessian.T)
+    hessian = mean_hessian(potential_w, points)
     finite = jnp.all(jnp.isfinite(hessian))
     eye = jnp.eye(dim, dtype=points.dtype)
     _, basis = jnp.linalg.eigh(jnp.where(finite, hessian, eye))

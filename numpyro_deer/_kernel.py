@@ -10,7 +10,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 from jax.flatten_util import ravel_pytree
-from numpyro.infer.hmc_util import warmup_adapter
+from numpyro.infer.hmc_util import build_adaptation_schedule, warmup_adapter
 from numpyro.infer.initialization import init_to_uniform
 from numpyro.infer.mcmc import MCMCKernel
 from numpyro.infer.util import initialize_model
@@ -27,6 +27,7 @@ from ._block import (
     refill_block,
 )
 from ._checks import check_model, translate_tracer_errors
+from ._hessian_mass import hessian_window_end
 from ._jacobian import JacobianStrategy, jacobian_from_name
 from ._mala import Gate, HardGate, SigmoidGate, make_step_fn, make_tape
 from ._newton import DEERSolver
@@ -94,7 +95,19 @@ class DEERMALA(MCMCKernel):
         gate: derivative of the accept decision: ``"hard"``, ``"sigmoid"`` or a
             gate object such as ``SigmoidGate(temperature=0.5)``.
         adapt_step_size: adapt the step size in warmup (dual averaging).
-        adapt_mass_matrix: adapt the mass matrix in warmup (windowed Welford).
+        adapt_mass_matrix: adapt the mass matrix in warmup: ``True``
+            (windowed Welford estimates of the draws' covariance, NumPyro's
+            scheme), ``False``, or ``"hessian"``: at each window end the
+            inverse of the potential's Hessian averaged over 16 recent warmup
+            draws (eigenvalues in absolute value, floored at 1e-4 of the
+            largest), a dense matrix whatever ``dense_mass`` says. It needs no
+            more effective draws than there are points, and in it every
+            direction has the same mean curvature: on the H200 benchmarks it
+            raised the effective sample size per draw of the hierarchical
+            logistic regression and the stochastic volatility model several
+            times over (see the ablation page). Costs ``16 D``
+            Hessian-vector products per window end, and the dense matrix
+            ``D^2`` per step.
         dense_mass: dense rather than diagonal mass matrix.
         target_accept_prob: acceptance rate the step size is adapted to.
             ``0.574`` is the optimal rate of sequential MALA (Roberts and
@@ -156,7 +169,7 @@ class DEERMALA(MCMCKernel):
         clip: float | None = 1.0,
         gate: str | Gate = "hard",
         adapt_step_size: bool = True,
-        adapt_mass_matrix: bool = True,
+        adapt_mass_matrix: bool | str = True,
         dense_mass: bool = False,
         target_accept_prob: float = 0.9,
         init_strategy: Callable = init_to_uniform,
@@ -181,6 +194,11 @@ class DEERMALA(MCMCKernel):
         if not 0 < target_accept_prob < 1:
             raise ValueError(
                 f"target_accept_prob={target_accept_prob!r}: use a value in (0, 1)."
+            )
+        if adapt_mass_matrix not in (True, False, "hessian"):
+            raise ValueError(
+                f"adapt_mass_matrix={adapt_mass_matrix!r}: use True (the draws' "
+                "covariance), False or 'hessian' (the inverse mean Hessian)."
             )
         if not isinstance(dense_mass, bool):
             raise ValueError(
@@ -275,16 +293,36 @@ class DEERMALA(MCMCKernel):
         return lambda x: potential(unravel(x))
 
     def _adapter(self, potential_flat):
-        return warmup_adapter(
+        hessian = self._adapt_mass_matrix == "hessian"
+        find_step_size = partial(
+            _find_reasonable_step_size, potential_flat, self._target_accept_prob
+        )
+        init, update = warmup_adapter(
             self._num_warmup,
-            find_reasonable_step_size=partial(
-                _find_reasonable_step_size, potential_flat, self._target_accept_prob
-            ),
+            find_reasonable_step_size=find_step_size,
             adapt_step_size=self._adapt_step_size,
-            adapt_mass_matrix=self._adapt_mass_matrix,
-            dense_mass=self._dense_mass,
+            adapt_mass_matrix=bool(self._adapt_mass_matrix),
+            dense_mass=self._dense_mass or hessian,
             target_accept_prob=self._target_accept_prob,
         )
+        if not hessian:
+            return init, lambda t, accept_prob, x, adapt, points: update(
+                t, accept_prob, (x,), adapt
+            )
+        num_windows = len(build_adaptation_schedule(self._num_warmup))
+
+        def update_hessian(t, accept_prob, x, adapt, points):
+            return hessian_window_end(
+                adapt,
+                update(t, accept_prob, (x,), adapt),
+                potential_flat,
+                points,
+                x,
+                num_windows,
+                find_step_size if self._adapt_step_size else None,
+            )
+
+        return init, update_hessian
 
     # -------------------------------------------------------------------- init
     def _init_model(self, rng_key, model_args, model_kwargs, init_params):
@@ -379,8 +417,9 @@ class DEERMALA(MCMCKernel):
             mass_matrix_sqrt(adapt.inverse_mass_matrix),
         )
         x, info = step_fn(x, jax.tree.map(lambda v: v[0], tape))
-        adapt = wa_update(state.i, info.accept_prob, (x,), adapt)
         i = state.i + 1
+        points = record_warmup_draw(state.curvature_points, i, self._num_warmup, x)
+        adapt = wa_update(state.i, info.accept_prob, x, adapt, points)
         mean = state.mean_accept_prob + (info.accept_prob - state.mean_accept_prob) / i
         return state._replace(
             i=i,
@@ -391,9 +430,7 @@ class DEERMALA(MCMCKernel):
             diverging=info.diverging,
             adapt_state=adapt,
             rng_key=rng_key,
-            curvature_points=record_warmup_draw(
-                state.curvature_points, i, self._num_warmup, x
-            ),
+            curvature_points=points,
         )
 
     def _precision(self):

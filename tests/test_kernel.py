@@ -130,6 +130,7 @@ def test_potential_fn_path_needs_init_params():
         ({"damping": 1.0}, "damping"),
         ({"initial_guess": "zeros"}, "initial_guess"),
         ({"solve_basis": "pca"}, "solve_basis"),
+        ({"adapt_mass_matrix": "hessain"}, "adapt_mass_matrix='hessain'"),
     ],
 )
 def test_bad_arguments_are_named(kwargs, match):

@@ -1,0 +1,142 @@
+"""The mass matrix from the mean Hessian (``adapt_mass_matrix="hessian"``)."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from numpyro.infer.hmc_util import warmup_adapter
+
+from numpyro_deer import DEERMALA, MCMC
+from numpyro_deer._hessian_mass import (
+    EIGENVALUE_FLOOR,
+    hessian_inverse_mass,
+    hessian_window_end,
+)
+from numpyro_deer.models import (
+    ill_conditioned_covariance,
+    ill_conditioned_gaussian,
+    make_ill_conditioned_gaussian_data,
+)
+
+
+def _precision(dim=4, seed=0):
+    a = np.random.default_rng(seed).standard_normal((dim, dim))
+    return jnp.asarray(a @ a.T + np.eye(dim))
+
+
+def test_inverse_mass_of_a_gaussian_is_its_covariance():
+    precision = _precision()
+    points = jnp.asarray(np.random.default_rng(1).standard_normal((3, 4)))
+    inverse, sqrt, sqrt_inv, finite = hessian_inverse_mass(
+        lambda w: 0.5 * w @ precision @ w, points
+    )
+    assert bool(finite)
+    np.testing.assert_allclose(inverse, np.linalg.inv(precision), atol=1e-10)
+    # NumPyro's conventions: the lower Cholesky factor of the mass matrix
+    # (the precision here) and its inverse
+    np.testing.assert_allclose(sqrt @ sqrt.T, precision, atol=1e-10)
+    np.testing.assert_allclose(np.triu(sqrt, 1), 0.0)
+    np.testing.assert_allclose(sqrt @ sqrt_inv, np.eye(4), atol=1e-10)
+
+
+def test_nonconvex_directions_take_the_absolute_curvature_and_a_floor():
+    # Hessian diag(4, -2, 1e-9): |eigenvalues| floored at 1e-4 * 4
+    hessian = jnp.asarray([4.0, -2.0, 1e-9])
+    inverse, *_, finite = hessian_inverse_mass(
+        lambda w: 0.5 * jnp.sum(hessian * w**2), jnp.zeros((2, 3))
+    )
+    assert bool(finite)
+    expected = 1.0 / np.array([4.0, 2.0, EIGENVALUE_FLOOR * 4.0])
+    np.testing.assert_allclose(np.diag(inverse), expected, rtol=1e-10)
+    assert np.all(np.linalg.eigvalsh(inverse) > 0)
+
+
+def _adapt_states(potential, dim):
+    init, _ = warmup_adapter(
+        100,
+        find_reasonable_step_size=lambda eps, *_: eps,
+        dense_mass=True,
+    )
+    before = init((jnp.zeros(dim),), jax.random.PRNGKey(0), 0.1, mass_matrix_size=dim)
+    before = before._replace(window_idx=jnp.asarray(1))
+    return before, before._replace(window_idx=jnp.asarray(2))
+
+
+def _window_end(before, after, potential, points, num_windows=4):
+    x = points[-1]
+    find = lambda eps, inverse, z_info, key: eps * 2.0  # noqa: E731
+    return hessian_window_end(before, after, potential, points, x, num_windows, find)
+
+
+def test_window_end_replaces_the_mass_and_restarts_the_step_size():
+    precision = _precision(3)
+    potential = lambda w: 0.5 * w @ precision @ w  # noqa: E731
+    before, after = _adapt_states(potential, 3)
+    new = _window_end(before, after, potential, jnp.ones((2, 3)))
+    np.testing.assert_allclose(
+        new.inverse_mass_matrix, np.linalg.inv(precision), atol=1e-10
+    )
+    np.testing.assert_allclose(new.step_size, 2.0 * after.step_size)
+    # dual averaging restarted at log(10 eps), as NumPyro does
+    np.testing.assert_allclose(new.ss_state[-1], np.log(10 * new.step_size))
+
+
+def test_window_end_keeps_numpyros_estimate_elsewhere_or_if_not_finite():
+    precision = _precision(3)
+    gaussian = lambda w: 0.5 * w @ precision @ w  # noqa: E731
+    before, after = _adapt_states(gaussian, 3)
+    # not a window end (index unchanged), and the last (non-middle) window
+    for b, a, windows in ((after, after, 4), (before, after, 2)):
+        new = _window_end(b, a, gaussian, jnp.ones((2, 3)), windows)
+        np.testing.assert_array_equal(new.inverse_mass_matrix, a.inverse_mass_matrix)
+        np.testing.assert_array_equal(new.step_size, a.step_size)
+    # a Hessian that is not finite at the points
+    sqrt_potential = lambda w: -jnp.sum(jnp.sqrt(w))  # noqa: E731
+    new = _window_end(before, after, sqrt_potential, -jnp.ones((2, 3)))
+    np.testing.assert_array_equal(new.inverse_mass_matrix, after.inverse_mass_matrix)
+    np.testing.assert_array_equal(new.step_size, after.step_size)
+
+
+@pytest.fixture(scope="module")
+def gaussian_runs():
+    """DEER and sequential runs on a correlated Gaussian with the Hessian mass."""
+    args, kwargs = make_ill_conditioned_gaussian_data(dim=5, condition_number=100.0)
+    runs = {}
+    for method in ("deer", "sequential"):
+        kernel = DEERMALA(
+            ill_conditioned_gaussian,
+            block_size=256,
+            method=method,
+            adapt_mass_matrix="hessian",
+            atol=1e-12,
+            rtol=1e-10,
+        )
+        mcmc = MCMC(kernel, num_warmup=300, num_samples=1024, progress_bar=False)
+        mcmc.run(
+            jax.random.PRNGKey(3), *args, **kwargs, extra_fields=("deer_converged",)
+        )
+        runs[method] = mcmc
+    return runs
+
+
+def test_hessian_mass_of_a_gaussian_is_its_covariance_after_warmup(gaussian_runs):
+    # the Hessian of a Gaussian is its precision everywhere: exact from the
+    # first window on, where a sample covariance would still be noisy
+    adapt = gaussian_runs["deer"].last_state.adapt_state
+    cov = ill_conditioned_covariance(dim=5, condition_number=100.0)
+    np.testing.assert_allclose(adapt.inverse_mass_matrix, cov, rtol=1e-8, atol=1e-10)
+    # the step size was searched and adapted again in the new metric
+    accept = np.asarray(gaussian_runs["deer"].last_state.mean_accept_prob)
+    assert 0.8 < accept < 0.97, accept
+
+
+def test_hessian_mass_deer_is_the_sequential_chain(gaussian_runs):
+    deer, seq = gaussian_runs["deer"], gaussian_runs["sequential"]
+    assert np.all(np.asarray(deer.get_extra_fields()["deer_converged"]))
+    np.testing.assert_allclose(
+        deer.get_samples()["x"], seq.get_samples()["x"], atol=1e-8
+    )
+    # and the draws are from the target (1,024 draws, a loose check)
+    cov = ill_conditioned_covariance(dim=5, condition_number=100.0)
+    x = np.asarray(deer.get_samples()["x"])
+    np.testing.assert_allclose(x.var(0) / np.diag(cov), 1.0, atol=0.35)
