@@ -26,7 +26,7 @@ import jax
 import jax.numpy as jnp
 from jax import Array
 
-from ._hessian_mass import mean_hessian
+from ._hessian_mass import mean_hessian_eigh
 from ._mala import Gate, finish_chain, make_step_fn, make_tape, sequential_chain
 from ._newton import DEERSolver, NewtonInfo, deer_solve
 
@@ -169,12 +169,8 @@ def curvature_basis(potential_w: Callable[[Array], Array], points: Array) -> Arr
     the mean, and a diagonal Jacobian estimate loses little. A non-finite
     Hessian gives ``Q = I`` (the whitened basis).
     """
-    dim = points.shape[-1]
-    hessian = mean_hessian(potential_w, points)
-    finite = jnp.all(jnp.isfinite(hessian))
-    eye = jnp.eye(dim, dtype=points.dtype)
-    _, basis = jnp.linalg.eigh(jnp.where(finite, hessian, eye))
-    return jnp.where(finite, basis, eye)
+    _, basis, finite = mean_hessian_eigh(potential_w, points)
+    return jnp.where(finite, basis, jnp.eye(points.shape[-1], dtype=points.dtype))
 
 
 def _rotate(potential_w, tape, basis):

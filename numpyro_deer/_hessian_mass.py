@@ -46,6 +46,22 @@ def mean_hessian(potential: Callable[[Array], Array], points: Array) -> Array:
     return 0.5 * (hessian + hessian.T)
 
 
+def mean_hessian_eigh(
+    potential: Callable[[Array], Array], points: Array
+) -> tuple[Array, Array, Array]:
+    """Eigenvalues and eigenvectors of the mean Hessian, and whether it is finite.
+
+    A Hessian that is not finite at some point is replaced by the identity
+    before the decomposition (``eigh`` of NaNs is not defined); callers choose
+    their fallback from the flag.
+    """
+    hessian = mean_hessian(potential, points)
+    finite = jnp.all(jnp.isfinite(hessian))
+    eye = jnp.eye(hessian.shape[-1], dtype=hessian.dtype)
+    eigenvalues, vectors = jnp.linalg.eigh(jnp.where(finite, hessian, eye))
+    return eigenvalues, vectors, finite
+
+
 def hessian_inverse_mass(
     potential: Callable[[Array], Array], points: Array
 ) -> tuple[Array, Array, Array, Array]:
@@ -58,10 +74,8 @@ def hessian_inverse_mass(
     when the Hessian is not finite at some point; the matrices are then
     meaningless.
     """
-    hessian = mean_hessian(potential, points)
-    finite = jnp.all(jnp.isfinite(hessian))
-    eye = jnp.eye(hessian.shape[-1], dtype=hessian.dtype)
-    eigenvalues, vectors = jnp.linalg.eigh(jnp.where(finite, hessian, eye))
+    eigenvalues, vectors, finite = mean_hessian_eigh(potential, points)
+    eye = jnp.eye(vectors.shape[-1], dtype=vectors.dtype)
     magnitude = jnp.abs(eigenvalues)
     magnitude = jnp.maximum(magnitude, EIGENVALUE_FLOOR * jnp.max(magnitude))
     inverse = (vectors / magnitude) @ vectors.T

@@ -51,7 +51,7 @@ def test_nonconvex_directions_take_the_absolute_curvature_and_a_floor():
     assert np.all(np.linalg.eigvalsh(inverse) > 0)
 
 
-def _adapt_states(potential, dim):
+def _adapt_states(dim):
     init, _ = warmup_adapter(
         100,
         find_reasonable_step_size=lambda eps, *_: eps,
@@ -71,7 +71,7 @@ def _window_end(before, after, potential, points, num_windows=4):
 def test_window_end_replaces_the_mass_and_restarts_the_step_size():
     precision = _precision(3)
     potential = lambda w: 0.5 * w @ precision @ w  # noqa: E731
-    before, after = _adapt_states(potential, 3)
+    before, after = _adapt_states(3)
     new = _window_end(before, after, potential, jnp.ones((2, 3)))
     np.testing.assert_allclose(
         new.inverse_mass_matrix, np.linalg.inv(precision), atol=1e-10
@@ -84,7 +84,7 @@ def test_window_end_replaces_the_mass_and_restarts_the_step_size():
 def test_window_end_keeps_numpyros_estimate_elsewhere_or_if_not_finite():
     precision = _precision(3)
     gaussian = lambda w: 0.5 * w @ precision @ w  # noqa: E731
-    before, after = _adapt_states(gaussian, 3)
+    before, after = _adapt_states(3)
     # not a window end (index unchanged), and the last (non-middle) window
     for b, a, windows in ((after, after, 4), (before, after, 2)):
         new = _window_end(b, a, gaussian, jnp.ones((2, 3)), windows)
