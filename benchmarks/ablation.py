@@ -32,7 +32,7 @@ from _setup import warmup_steps
 from jax.flatten_util import ravel_pytree
 from numpyro.diagnostics import effective_sample_size
 
-from numpyro_deer import DEERMALA, MCMC
+from numpyro_deer import DEERMALA, MCMC, FullJacobian
 from numpyro_deer._block import empty_block
 from numpyro_deer.models import BENCHMARK_MODELS
 
@@ -71,6 +71,14 @@ VARIANTS: dict[str, dict] = {
     "mass=hessian": {"mass": "hessian"},
     "mass=hessian+block=B/4": {"mass": "hessian", "block": 0.25},
     "sequential+mass=hessian": {"mass": "hessian"},
+    # the clipped dense Jacobian with its scan's products in TF32 on a GPU
+    # ("default" precision) or at full float32 ("highest", the kernel's own)
+    "full+tf32": {"jacobian": FullJacobian(clip=1.0, precision="default")},
+    "full+highest": {"jacobian": FullJacobian(clip=1.0, precision="highest")},
+    "mass=hessian+full+tf32": {
+        "mass": "hessian",
+        "jacobian": FullJacobian(clip=1.0, precision="default"),
+    },
     "window=B/8": {"window": 8},
     # a window needs more (cheaper) iterations: the cap grows with B / window
     "window=B/8+cap=8x": {"window": 8, "max_iter": 800},
@@ -194,7 +202,10 @@ def run_variant(name, variant, args_ns):
     if variant.startswith("sequential"):
         options["method"] = "sequential"
     too_big = {"diag": args_ns.max_diag_dim, "full": args_ns.max_full_dim}
-    if spec.latent_dim > too_big.get(options.get("jacobian"), spec.latent_dim):
+    jacobian = options.get("jacobian")
+    if isinstance(jacobian, FullJacobian):
+        jacobian = "full"
+    if spec.latent_dim > too_big.get(jacobian, spec.latent_dim):
         return None
     block_size = int(base_b * options.get("block", 1))
     setting = (name, options.get("mass", "diag"), options.get("target"))

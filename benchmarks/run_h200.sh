@@ -16,7 +16,7 @@
 # the larger models), "windows" (the windowed solve on the hard models),
 # "reference" (the sequential reference with data as arguments or
 # constants), "hessian", "hessian-sv", "hessian-b" (the Hessian mass
-# matrix). OUTDIR receives the JSON files and logs. BlackJAX is used when
+# matrix), "dense" (the dense Jacobian with a TF32 scan). OUTDIR receives the JSON files and logs. BlackJAX is used when
 # importable (carry its wheel; see benchmarks/README.md).
 set -uo pipefail
 stage=$1
@@ -231,6 +231,18 @@ hessian-b)
         logistic_regression_large ill_conditioned_gaussian \
         --variants baseline sequential+mass=hessian mass=hessian \
         --time-budget 520 --json "$out/ablation_hessian_rest_h200.json"
+    ;;
+dense)
+    # the clipped dense Jacobian, its scan in TF32 or float32, on the two
+    # models whose diagonal solve misses 50 iterations (B = 16,384, one block)
+    run 240 ablation_dense_hier benchmarks/ablation.py --block-size 16384 \
+        --blocks 1 --models hierarchical_logistic_regression \
+        --variants baseline full+tf32 full+highest mass=hessian+full+tf32 \
+        --time-budget 220 --json "$out/ablation_dense_hier_h200.json"
+    run 330 ablation_dense_sv benchmarks/ablation.py --block-size 16384 \
+        --blocks 1 --models stochastic_volatility \
+        --variants full+tf32 mass=hessian+full+tf32 mass=hessian \
+        --time-budget 310 --json "$out/ablation_dense_sv_h200.json"
     ;;
 *)
     echo "unknown stage $stage" >&2

@@ -118,13 +118,30 @@ class FullJacobian:
             exact on those steps. A contracting step (the log-concave case at a
             stable step size) is left exact. ``None`` (the default) keeps every
             ``J_t`` exact.
+        precision: precision of the ``D x D`` products in the associative scan
+            (a :class:`jax.lax.Precision` name such as ``"default"`` or
+            ``"highest"``); ``None`` (the default) follows
+            ``jax.default_matmul_precision``, which ``DEERMALA`` sets to
+            ``"highest"``. The scan only solves the Newton step's linear
+            system, so a cheaper product (TF32 on a GPU with ``"default"``)
+            changes how fast the iterations converge, never the converged
+            chain, whose residual is the step evaluated at full precision.
     """
 
     clip: float | None = None
+    precision: str | None = None
     structure: ClassVar[str] = "dense"
 
     def __post_init__(self):
         _check_clip("FullJacobian", self.clip)
+        if self.precision is not None:
+            try:
+                jax.lax.Precision(self.precision)
+            except ValueError:
+                raise ValueError(
+                    f"FullJacobian(precision={self.precision!r}): use None or a "
+                    "jax.lax.Precision name: 'default', 'high' or 'highest'."
+                ) from None
 
     def linearize(self, step_fn: StepFn, prev: Array, tape: Any, key: Array):
         del key
@@ -133,9 +150,8 @@ class FullJacobian:
             step_fn, prev, tape, lambda columns: _clip_norm(columns.T, self.clip)
         )
 
-    @staticmethod
-    def scan(A: Array, b: Array) -> Array:
-        return scan_dense(A, b)
+    def scan(self, A: Array, b: Array) -> Array:
+        return scan_dense(A, b, self.precision)
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,7 @@ The combine operator is written for one pair of elements and vectorised with
 
 from __future__ import annotations
 
+from functools import partial
 from typing import NamedTuple
 
 import jax
@@ -49,9 +50,12 @@ def _combine_diagonal(first: AffineElement, second: AffineElement) -> AffineElem
     return AffineElement(second.A * first.A, second.A * first.b + second.b)
 
 
-def _combine_dense(first: AffineElement, second: AffineElement) -> AffineElement:
+def _combine_dense(
+    first: AffineElement, second: AffineElement, precision: str | None = None
+) -> AffineElement:
     """Compose two dense affine maps: ``first`` is applied, then ``second``."""
-    return AffineElement(second.A @ first.A, second.A @ first.b + second.b)
+    A = jnp.matmul(second.A, first.A, precision=precision)
+    return AffineElement(A, jnp.matmul(second.A, first.b, precision=precision) + second.b)
 
 
 def _scan(combine, A: Array, b: Array) -> Array:
@@ -74,17 +78,21 @@ def scan_diagonal(A: Array, b: Array) -> Array:
     return _scan(_combine_diagonal, A, b)
 
 
-def scan_dense(A: Array, b: Array) -> Array:
+def scan_dense(A: Array, b: Array, precision: str | None = None) -> Array:
     """All states of ``s_t = A_t @ s_{t-1} + b_t`` with ``s_0 = 0``.
 
     Args:
         A: dense transitions, shape ``(T, D, D)``.
         b: offsets, shape ``(T, D)``. Fold a nonzero ``s_0`` into ``b[0]``.
+        precision: precision of the products (:class:`jax.lax.Precision`
+            names); ``None`` follows ``jax.default_matmul_precision``. On a
+            GPU, ``"default"`` lets float32 products run in TF32 on the tensor
+            cores.
 
     Returns:
         The states ``s_1 .. s_T``, shape ``(T, D)``.
     """
-    return _scan(_combine_dense, A, b)
+    return _scan(partial(_combine_dense, precision=precision), A, b)
 
 
 def scan_sequential(A: Array, b: Array) -> Array:

@@ -32,6 +32,7 @@ from numpyro_deer import (
     make_step_fn,
     make_tape,
     newton_iterates,
+    scan_sequential,
     sequential_chain,
 )
 
@@ -480,6 +481,24 @@ def test_windowed_solve_equals_sequential(targets):
 def test_invalid_settings_raise_naming_the_argument(build, name):
     with pytest.raises(ValueError, match=name):
         build()
+
+
+def test_full_jacobian_bad_precision_names_the_choices():
+    with pytest.raises(ValueError, match="precision") as raised:
+        FullJacobian(precision="bogus")
+    assert "'highest'" in str(raised.value)
+
+
+def test_full_jacobian_scan_with_precision_matches_sequential():
+    # a contracting dense recursion: T = 33 steps, D = 4, spectral norms < 1
+    rng = np.random.default_rng(33)
+    A = rng.standard_normal((33, 4, 4))
+    A *= 0.9 / np.linalg.norm(A, ord=2, axis=(1, 2))[:, None, None]
+    b = rng.standard_normal((33, 4))
+    strategy = FullJacobian(precision="default")
+    got = np.asarray(_jit(strategy.scan)(A, b))
+    assert got.dtype == np.float64
+    assert_allclose(got, np.asarray(scan_sequential(A, b)), rtol=1e-10, atol=1e-10)
 
 
 # -------------------------------------------------------------------- non-finite

@@ -7,6 +7,8 @@ well conditioned and the only differences are the rounding of a different
 association order.
 """
 
+import functools
+
 import jax
 import numpy as np
 import pytest
@@ -184,3 +186,17 @@ def test_scan_dense_initial_state_folded_into_first_offset():
     folded = b.copy()
     folded[0] = A[0] @ s0 + b[0]
     assert_allclose(np.asarray(_scan_dense(A, folded)), loop_dense(A, b, s0), **TOL)
+
+
+@pytest.mark.parametrize("precision", ["highest", "default", None])
+def test_scan_dense_precision_is_accepted_and_matches_sequential(precision):
+    # On the CPU a float64 product is exact whatever the precision, so this
+    # checks that the argument reaches the products (a static argument under
+    # jit) without changing the states.
+    A, b = dense_inputs(33, 33, 4, radius=0.9)
+    scan = jax.jit(functools.partial(scan_dense, precision=precision))
+    got = np.asarray(scan(A, b))
+    assert got.shape == (33, 4)
+    assert got.dtype == np.float64
+    expected = np.asarray(_scan_sequential(A, b))
+    assert_allclose(got, expected, rtol=1e-10, atol=1e-10)
