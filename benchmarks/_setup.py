@@ -61,6 +61,13 @@ def add_solver_arguments(parser) -> None:
         default=None,
         help="adapt_mass_matrix='hessian': the inverse mean Hessian as mass matrix",
     )
+    group.add_argument(
+        "--sample-mass",
+        action="store_true",
+        default=None,
+        help="adapt_mass_matrix=True: NumPyro's windowed covariance estimate "
+        "(the default before 2026-12-04)",
+    )
     group.add_argument("--target-accept", type=float)
     group.add_argument(
         "--matmul-precision",
@@ -88,12 +95,15 @@ def kernel_options(args) -> dict:
     options = {k: v for k, v in options.items() if v is not None}
     if args.clip is not None:
         options["clip"] = None if args.clip <= 0 else args.clip
-    if args.no_adapt_mass and args.hessian_mass:
-        raise SystemExit("--no-adapt-mass and --hessian-mass exclude each other")
-    if args.no_adapt_mass:
-        options["adapt_mass_matrix"] = False
-    if args.hessian_mass:
-        options["adapt_mass_matrix"] = "hessian"
+    mass = {False: args.no_adapt_mass, "hessian": args.hessian_mass}
+    mass[True] = args.sample_mass
+    chosen = [value for value, given in mass.items() if given]
+    if len(chosen) > 1:
+        raise SystemExit(
+            "--no-adapt-mass, --hessian-mass and --sample-mass exclude each other"
+        )
+    if chosen:
+        options["adapt_mass_matrix"] = chosen[0]
     if args.matmul_precision is not None:
         precision = args.matmul_precision
         options["matmul_precision"] = None if precision == "none" else precision

@@ -37,7 +37,9 @@ from numpyro_deer._block import empty_block
 from numpyro_deer.models import BENCHMARK_MODELS
 
 # one factor at a time, from the baseline (the kernel's defaults; in JSON
-# written before solve_basis="auto" the baseline is "basis=whitened"). Since
+# written before solve_basis="auto" the baseline is "basis=whitened", and in
+# JSON written before adapt_mass_matrix="auto" (2026-12-04) it is "mass=diag",
+# NumPyro's windowed diagonal estimate, as is "sequential" there). Since
 # DEERMALA's `clip` bounds the dense Jacobian too, "jacobian=full" is the
 # clipped one; rows of that name in JSON written before that change
 # (ablation_h200.json, ablation_hard_h200.json) are "full+clip=none".
@@ -53,7 +55,10 @@ VARIANTS: dict[str, dict] = {
     "tol=loose": {"atol": 1e-4, "rtol": 1e-3},
     "jacobian=diag": {"jacobian": "diag"},
     "mass=identity": {"mass": "identity"},
+    "mass=diag": {"mass": "diag"},
+    "sequential+mass=diag": {"mass": "diag"},
     "target=0.8": {"target": 0.8},
+    "target=0.95": {"target": 0.95},
     "target=0.574": {"target": 0.574},
     "jacobian=full": {"jacobian": "full"},
     "full+target=0.574": {"jacobian": "full", "target": 0.574},
@@ -114,11 +119,12 @@ def _kernel(model, block_size, options):
 def _warmup(model, args, kwargs, num_warmup, mass, target, seed):
     # target None: the kernel's own default
     options = {} if target is None else {"target_accept_prob": target}
+    adapt = {"auto": "auto", "hessian": "hessian", "identity": False}
     kernel = DEERMALA(
         model,
         block_size=16,
         dense_mass=mass == "dense",
-        adapt_mass_matrix="hessian" if mass == "hessian" else mass != "identity",
+        adapt_mass_matrix=adapt.get(mass, True),
         **options,
     )
     mcmc = MCMC(kernel, num_warmup=num_warmup, num_samples=16, progress_bar=False)
@@ -208,7 +214,7 @@ def run_variant(name, variant, args_ns):
     if spec.latent_dim > too_big.get(jacobian, spec.latent_dim):
         return None
     block_size = int(base_b * options.get("block", 1))
-    setting = (name, options.get("mass", "diag"), options.get("target"))
+    setting = (name, options.get("mass", "auto"), options.get("target"))
     if setting not in WARM:
         num_warmup = warmup_steps(spec, args_ns.warmup)
         WARM[setting] = _warmup(spec.model, args, kwargs, num_warmup, *setting[1:], 0)

@@ -16,7 +16,8 @@
 # the larger models), "windows" (the windowed solve on the hard models),
 # "reference" (the sequential reference with data as arguments or
 # constants), "hessian", "hessian-sv", "hessian-b" (the Hessian mass
-# matrix), "dense" (the dense Jacobian with a TF32 scan). OUTDIR receives the JSON files and logs. BlackJAX is used when
+# matrix), "dense" (the dense Jacobian with a TF32 scan), "auto" (the suite
+# with the Hessian mass as the default). OUTDIR receives the JSON files and logs. BlackJAX is used when
 # importable (carry its wheel; see benchmarks/README.md).
 set -uo pipefail
 stage=$1
@@ -196,14 +197,18 @@ reference)
 hessian)
     # the Hessian mass matrix (adapt_mass_matrix="hessian") against the
     # diagonal one on the two long-warmup models, 16,384 draws per row, in
-    # their best blocks (hierarchical 4,096, SV 1,024) and in one block
+    # their best blocks (hierarchical 4,096, SV 1,024) and in one block. Since
+    # the Hessian mass is the default, "sequential" is its chain and the rows
+    # of the diagonal one are "mass=diag", "sequential+mass=diag" (in the
+    # committed JSON, from before: "baseline", "sequential" and
+    # "sequential+mass=hessian")
     for spec in hierarchical_logistic_regression:4096:4 \
         stochastic_volatility:1024:16 hierarchical_logistic_regression:16384:1 \
         stochastic_volatility:16384:1; do
         IFS=: read -r m b n <<<"$spec"
         run 140 "ablation_hessian_${m}_$b" benchmarks/ablation.py \
             --block-size "$b" --blocks "$n" --models "$m" \
-            --variants baseline sequential+mass=hessian mass=hessian \
+            --variants mass=diag sequential+mass=diag mass=hessian \
             --time-budget 120 --json "$out/ablation_hessian_${m}_${b}_h200.json"
     done
     ;;
@@ -214,7 +219,7 @@ hessian-sv)
         run 110 "ablation_hessian_sv_${b%:*}" benchmarks/ablation.py \
             --block-size "${b%:*}" --blocks "${b#*:}" \
             --models stochastic_volatility \
-            --variants sequential+mass=hessian mass=hessian \
+            --variants mass=hessian \
             --json "$out/ablation_hessian_sv_${b%:*}_h200.json"
     done
     for m in hierarchical_logistic_regression:4096 stochastic_volatility:1024; do
@@ -229,8 +234,17 @@ hessian-b)
     run 560 ablation_hessian_rest benchmarks/ablation.py --block-size 16384 \
         --blocks 2 --models eight_schools logistic_regression \
         logistic_regression_large ill_conditioned_gaussian \
-        --variants baseline sequential+mass=hessian mass=hessian \
+        --variants mass=diag sequential+mass=diag mass=hessian \
         --time-budget 520 --json "$out/ablation_hessian_rest_h200.json"
+    ;;
+auto)
+    # the suite with adapt_mass_matrix="auto" (the Hessian mass up to D = 512)
+    # on the three models whose blocks converge fast, T up to 131,072
+    for m in eight_schools logistic_regression ill_conditioned_gaussian; do
+        run 150 "suite_$m" benchmarks/suite.py --models "$m" \
+            --draws 16384 131072 --stock-max-draws 0 --skip-blackjax \
+            --max-seconds 125 --json "$out/suite_${m}_auto.json"
+    done
     ;;
 dense)
     # the clipped dense Jacobian, its scan in TF32 or float32, on the two

@@ -46,7 +46,10 @@ def add_tuning_options(parser: argparse.ArgumentParser) -> None:
     """Options of the kernel that the larger examples expose."""
     parser.add_argument("--gate", default="hard", choices=["hard", "sigmoid"])
     parser.add_argument(
-        "--dense-mass", action="store_true", help="adapt a dense mass matrix"
+        "--dense-mass",
+        action="store_true",
+        help="a dense sample covariance as mass matrix instead of the default "
+        "(the inverse mean Hessian)",
     )
 
 

@@ -2,7 +2,7 @@
 
 The non-centred eight schools model (Rubin, 1981; Gelman et al., *Bayesian Data
 Analysis*, section 5.5), sampled with ``numpyro_deer.MCMC(DEERMALA(model))``:
-sequential MALA warmup adapts the step size and a diagonal mass matrix, then
+sequential MALA warmup adapts the step size and the mass matrix, then
 every loop iteration solves a block of ``--block-size`` MALA transitions with
 DEER. Prints NumPyro's summary and what the Newton solver did.
 

@@ -26,7 +26,7 @@ import jax
 import jax.numpy as jnp
 from jax import Array
 
-from ._hessian_mass import mean_hessian_eigh
+from ._hessian_mass import MAX_HESSIAN_DIM, mean_hessian_eigh
 from ._mala import Gate, finish_chain, make_step_fn, make_tape, sequential_chain
 from ._newton import DEERSolver, NewtonInfo, deer_solve
 
@@ -98,9 +98,6 @@ class DEERMALAState(NamedTuple):
 
 NUM_CURVATURE_POINTS = 16
 """Draws the solve basis averages the Hessian over (``K``)."""
-
-MAX_HESSIAN_BASIS_DIM = 512
-"""Largest latent dimension for which ``solve_basis="auto"`` rotates."""
 
 
 def record_warmup_draw(points: Array, i: Array, num_warmup: int, x: Array) -> Array:
@@ -250,7 +247,7 @@ def refill_block(
     # the solve basis: the whitened coordinates, or their rotation to the
     # Hessian eigenbasis (both methods use it, so they compute the same chain)
     if solve_basis == "auto":
-        solve_basis = "hessian" if w0.shape[0] <= MAX_HESSIAN_BASIS_DIM else "whitened"
+        solve_basis = "hessian" if w0.shape[0] <= MAX_HESSIAN_DIM else "whitened"
     if solve_basis == "hessian":
         basis = curvature_basis(potential_w, rows_to_w(state.curvature_points))
         potential_u, tape_u = _rotate(potential_w, tape, basis)

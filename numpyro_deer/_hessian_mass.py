@@ -39,6 +39,27 @@ from numpyro.infer.hmc_util import dual_averaging
 EIGENVALUE_FLOOR = 1e-4
 """Smallest eigenvalue of the mean Hessian kept, relative to the largest."""
 
+MAX_HESSIAN_DIM = 512
+"""Largest latent dimension for which the ``"auto"`` settings use the mean
+Hessian (``solve_basis`` and ``adapt_mass_matrix``): it costs ``16 D``
+Hessian-vector products and a ``D x D`` eigendecomposition per use, and a
+``D x D`` product per gradient."""
+
+
+def resolve_mass_adaptation(
+    adapt_mass_matrix: bool | str, dense_mass: bool, dim: int
+) -> bool | str:
+    """``adapt_mass_matrix="auto"`` as ``"hessian"`` or ``True``.
+
+    ``"auto"`` is the Hessian mass up to :data:`MAX_HESSIAN_DIM` latent
+    dimensions unless a dense sample covariance was asked for
+    (``dense_mass=True``), NumPyro's windowed estimate otherwise. Any other
+    value is returned as it is.
+    """
+    if adapt_mass_matrix != "auto":
+        return adapt_mass_matrix
+    return "hessian" if not dense_mass and dim <= MAX_HESSIAN_DIM else True
+
 
 def mean_hessian(potential: Callable[[Array], Array], points: Array) -> Array:
     """The symmetrised Hessian of ``potential`` averaged over ``points`` (K, D)."""

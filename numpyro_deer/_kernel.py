@@ -27,7 +27,7 @@ from ._block import (
     refill_block,
 )
 from ._checks import check_model, translate_tracer_errors
-from ._hessian_mass import hessian_window_end
+from ._hessian_mass import hessian_window_end, resolve_mass_adaptation
 from ._jacobian import JacobianStrategy, jacobian_from_name
 from ._mala import Gate, HardGate, SigmoidGate, make_step_fn, make_tape
 from ._newton import DEERSolver
@@ -95,20 +95,23 @@ class DEERMALA(MCMCKernel):
         gate: derivative of the accept decision: ``"hard"``, ``"sigmoid"`` or a
             gate object such as ``SigmoidGate(temperature=0.5)``.
         adapt_step_size: adapt the step size in warmup (dual averaging).
-        adapt_mass_matrix: adapt the mass matrix in warmup: ``True``
-            (windowed Welford estimates of the draws' covariance, NumPyro's
-            scheme), ``False``, or ``"hessian"``: at each window end the
-            inverse of the potential's Hessian averaged over 16 recent warmup
-            draws (eigenvalues in absolute value, floored at 1e-4 of the
-            largest), a dense matrix whatever ``dense_mass`` says. It needs no
-            more effective draws than there are points, and in it every
-            direction has the same mean curvature: on the H200 benchmarks it
-            raised the effective sample size per draw of the hierarchical
-            logistic regression and the stochastic volatility model several
-            times over (see the ablation page). Costs ``16 D``
-            Hessian-vector products per window end, and the dense matrix
-            ``D^2`` per step.
-        dense_mass: dense rather than diagonal mass matrix.
+        adapt_mass_matrix: how warmup adapts the mass matrix. ``"hessian"``:
+            at each window end the inverse of the potential's Hessian averaged
+            over 16 recent warmup draws (eigenvalues in absolute value, floored
+            at 1e-4 of the largest), a dense matrix whatever ``dense_mass``
+            says. It needs no more effective draws than there are points, and
+            in it every direction has the same mean curvature: on the H200
+            benchmarks it raised the effective sample size per draw 2.5x to
+            400x on all six benchmark models at about the same cost per block
+            (see the ablation page). Costs ``16 D`` Hessian-vector products per
+            window end, and the dense matrix ``D^2`` per step. ``True``:
+            windowed Welford estimates of the draws' covariance (NumPyro's
+            scheme; diagonal unless ``dense_mass``). ``False``: the identity.
+            ``"auto"`` (the default): ``"hessian"`` up to ``D = 512`` latent
+            dimensions unless ``dense_mass=True``, ``True`` otherwise; the
+            choice made is :attr:`mass_adaptation` after ``init``.
+        dense_mass: with ``adapt_mass_matrix=True``, a dense rather than
+            diagonal sample covariance (and ``"auto"`` then means ``True``).
         target_accept_prob: acceptance rate the step size is adapted to.
             ``0.574`` is the optimal rate of sequential MALA (Roberts and
             Rosenthal, 1998), but with DEER a smaller step converges in far
@@ -169,7 +172,7 @@ class DEERMALA(MCMCKernel):
         clip: float | None = 1.0,
         gate: str | Gate = "hard",
         adapt_step_size: bool = True,
-        adapt_mass_matrix: bool | str = True,
+        adapt_mass_matrix: bool | str = "auto",
         dense_mass: bool = False,
         target_accept_prob: float = 0.9,
         init_strategy: Callable = init_to_uniform,
@@ -195,10 +198,11 @@ class DEERMALA(MCMCKernel):
             raise ValueError(
                 f"target_accept_prob={target_accept_prob!r}: use a value in (0, 1)."
             )
-        if adapt_mass_matrix not in (True, False, "hessian"):
+        if adapt_mass_matrix not in (True, False, "hessian", "auto"):
             raise ValueError(
-                f"adapt_mass_matrix={adapt_mass_matrix!r}: use True (the draws' "
-                "covariance), False or 'hessian' (the inverse mean Hessian)."
+                f"adapt_mass_matrix={adapt_mass_matrix!r}: use 'auto' (the "
+                "default), True (the draws' covariance), False or 'hessian' (the "
+                "inverse mean Hessian)."
             )
         if not isinstance(dense_mass, bool):
             raise ValueError(
@@ -244,6 +248,8 @@ class DEERMALA(MCMCKernel):
         self._block_size = block_size
         self._adapt_step_size = adapt_step_size
         self._adapt_mass_matrix = adapt_mass_matrix
+        # "auto" resolved against the latent dimension at init
+        self._mass_adaptation = adapt_mass_matrix
         self._dense_mass = dense_mass
         self._target_accept_prob = target_accept_prob
         self._init_strategy = init_strategy
@@ -292,8 +298,14 @@ class DEERMALA(MCMCKernel):
         unravel = self._unravel
         return lambda x: potential(unravel(x))
 
+    @property
+    def mass_adaptation(self) -> bool | str:
+        """How warmup adapts the mass matrix: ``"hessian"``, ``True`` (NumPyro's
+        windowed covariance) or ``False``; ``"auto"`` until :meth:`init`."""
+        return self._mass_adaptation
+
     def _adapter(self, potential_flat):
-        hessian = self._adapt_mass_matrix == "hessian"
+        hessian = self._mass_adaptation == "hessian"
         find_step_size = partial(
             _find_reasonable_step_size, potential_flat, self._target_accept_prob
         )
@@ -301,7 +313,7 @@ class DEERMALA(MCMCKernel):
             self._num_warmup,
             find_reasonable_step_size=find_step_size,
             adapt_step_size=self._adapt_step_size,
-            adapt_mass_matrix=bool(self._adapt_mass_matrix),
+            adapt_mass_matrix=bool(self._mass_adaptation),
             dense_mass=self._dense_mass or hessian,
             target_accept_prob=self._target_accept_prob,
         )
@@ -368,6 +380,9 @@ class DEERMALA(MCMCKernel):
             )
         one = jax.tree.map(lambda x: x[0], init_params) if vectorized else init_params
         flat, self._unravel = ravel_pytree(one)
+        self._mass_adaptation = resolve_mass_adaptation(
+            self._adapt_mass_matrix, self._dense_mass, flat.size
+        )
         potential_flat = self._potential_flat(model_args, model_kwargs)
         wa_init, _ = self._adapter(potential_flat)
 

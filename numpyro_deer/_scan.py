@@ -55,7 +55,8 @@ def _combine_dense(
 ) -> AffineElement:
     """Compose two dense affine maps: ``first`` is applied, then ``second``."""
     A = jnp.matmul(second.A, first.A, precision=precision)
-    return AffineElement(A, jnp.matmul(second.A, first.b, precision=precision) + second.b)
+    b = jnp.matmul(second.A, first.b, precision=precision) + second.b
+    return AffineElement(A, b)
 
 
 def _scan(combine, A: Array, b: Array) -> Array:

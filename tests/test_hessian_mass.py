@@ -9,8 +9,10 @@ from numpyro.infer.hmc_util import warmup_adapter
 from numpyro_deer import DEERMALA, MCMC
 from numpyro_deer._hessian_mass import (
     EIGENVALUE_FLOOR,
+    MAX_HESSIAN_DIM,
     hessian_inverse_mass,
     hessian_window_end,
+    resolve_mass_adaptation,
 )
 from numpyro_deer.models import (
     ill_conditioned_covariance,
@@ -140,3 +142,38 @@ def test_hessian_mass_deer_is_the_sequential_chain(gaussian_runs):
     cov = ill_conditioned_covariance(dim=5, condition_number=100.0)
     x = np.asarray(deer.get_samples()["x"])
     np.testing.assert_allclose(x.var(0) / np.diag(cov), 1.0, atol=0.35)
+
+
+@pytest.mark.parametrize(
+    ("requested", "dense_mass", "dim", "expected"),
+    [
+        ("auto", False, 10, "hessian"),
+        ("auto", False, MAX_HESSIAN_DIM, "hessian"),
+        ("auto", False, MAX_HESSIAN_DIM + 1, True),
+        ("auto", True, 10, True),
+        ("hessian", False, MAX_HESSIAN_DIM + 1, "hessian"),
+        (True, False, 10, True),
+        (False, False, 10, False),
+    ],
+)
+def test_auto_mass_is_the_hessian_up_to_the_dimension_bound(
+    requested, dense_mass, dim, expected
+):
+    assert resolve_mass_adaptation(requested, dense_mass, dim) == expected
+
+
+@pytest.mark.parametrize(
+    ("options", "expected", "shape"),
+    [
+        ({}, "hessian", (5, 5)),
+        ({"dense_mass": True}, True, (5, 5)),
+        ({"adapt_mass_matrix": True}, True, (5,)),
+    ],
+)
+def test_default_mass_adaptation_is_chosen_at_init(options, expected, shape):
+    args, kwargs = make_ill_conditioned_gaussian_data(dim=5, condition_number=100.0)
+    kernel = DEERMALA(ill_conditioned_gaussian, block_size=8, **options)
+    assert kernel.mass_adaptation == options.get("adapt_mass_matrix", "auto")
+    state = kernel.init(jax.random.PRNGKey(0), 10, None, args, kwargs)
+    assert kernel.mass_adaptation == expected
+    assert state.adapt_state.inverse_mass_matrix.shape == shape
