@@ -1,0 +1,143 @@
+"""Where a block's Newton iterations go: the front and the failing steps.
+
+For each model: one warmup with the package defaults (as in ``ablation.py``),
+one tape, then the first block after warmup solved by DEER for a fixed number
+of iterations (:func:`numpyro_deer._newton.newton_iterates`, the solver's own
+iteration body). After every ``--every``-th iteration it reports the front (the
+leading steps that pass the solver's test ``|s_t - f_t(s_{t-1})| <= atol +
+rtol |f_t|``), how many steps fail, and the largest residual. ``--x64`` casts
+the post-warmup problem (state, tape, step size, mass matrix) to float64
+before the solve, so float32 and float64 solve the same block: if they need
+the same iterations, rounding is not what costs them.
+
+Newton iterations are a property of the posterior, the block and the
+settings, not of the device, so this diagnostic runs on a CPU::
+
+    PYTHONPATH=. python benchmarks/front_progress.py --models eight_schools \\
+        --block-size 16384 --iterations 90
+    PYTHONPATH=. python benchmarks/front_progress.py --models eight_schools \\
+        --block-size 16384 --iterations 90 --x64
+
+The table is printed last; full results go to ``--json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import numpyro
+from _setup import warmup_steps
+from ablation import _warmup
+from jax.flatten_util import ravel_pytree
+
+from numpyro_deer import DEERMALA, HardGate
+from numpyro_deer import _block as blk
+from numpyro_deer._mala import make_step_fn, make_tape
+from numpyro_deer._newton import newton_iterates
+from numpyro_deer.models import BENCHMARK_MODELS
+
+
+def _as64(tree):
+    def cast(x):
+        x = jnp.asarray(x)
+        return x.astype(jnp.float64) if jnp.issubdtype(x.dtype, jnp.floating) else x
+
+    return jax.tree.map(cast, tree)
+
+
+def run_model(name: str, ns) -> list[dict]:
+    spec = BENCHMARK_MODELS[name]
+    args, kwargs = spec.make_data(0)
+    state = _warmup(
+        spec.model, args, kwargs, warmup_steps(spec, ns.warmup), "auto", None, 0
+    )
+    kernel = DEERMALA(spec.model, block_size=ns.block_size)
+    kernel.init(jax.random.PRNGKey(1), 0, state.z, args, kwargs)
+    dim = ravel_pytree(state.z)[0].shape[0]
+    tape = make_tape(jax.random.PRNGKey(5), ns.block_size, dim, jnp.float32)
+    if ns.x64:
+        jax.config.update("jax_enable_x64", True)
+        state, tape = _as64(state), _as64(tape)
+    potential = kernel._potential_flat(args, kwargs)
+    mass_sqrt = blk.mass_matrix_sqrt(state.adapt_state.inverse_mass_matrix)
+    potential_w, _ = blk._whiten(potential, mass_sqrt)
+    w0 = blk._to_w(mass_sqrt, ravel_pytree(state.z)[0])
+    points = jax.vmap(lambda x: blk._to_w(mass_sqrt, x))(state.curvature_points)
+    basis = blk.curvature_basis(potential_w, points)
+    potential_u, tape_u = blk._rotate(potential_w, tape, basis)
+    u0 = basis.T @ w0
+    step_fn = make_step_fn(potential_u, state.adapt_state.step_size, None, HardGate())
+    # float32's tolerances in both cases, for the test and for the freezing
+    atol, rtol = kernel.solver.tolerances(jnp.float32)
+    solver = dataclasses.replace(kernel.solver, atol=atol, rtol=rtol)
+    iterates = jax.jit(
+        lambda u, t: newton_iterates(
+            step_fn, u, t, jax.random.PRNGKey(7), ns.iterations, solver
+        )
+    )(u0, tape_u)
+
+    @jax.jit
+    def test(states):
+        prev = jnp.concatenate([u0[None], states[:-1]])
+        values, _ = jax.vmap(step_fn)(prev, tape_u)
+        error = jnp.abs(states - values)
+        return jnp.all(error <= atol + rtol * jnp.abs(values), -1), error.max(-1)
+
+    rows = []
+    for k in range(ns.every - 1, ns.iterations, ns.every):
+        passed, error = (np.asarray(a) for a in test(iterates[k]))
+        failing = np.flatnonzero(~passed)
+        row = {
+            "model": name,
+            "dtype": str(u0.dtype),
+            "iteration": k + 1,
+            "front": int(failing[0]) if failing.size else ns.block_size,
+            "failing": int(failing.size),
+            "max_residual": float(error.max()),
+        }
+        print(row, flush=True)
+        rows.append(row)
+    return rows
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--models", nargs="+", default=["eight_schools"])
+    parser.add_argument("--block-size", type=int, default=1024)
+    parser.add_argument("--iterations", type=int, default=60)
+    parser.add_argument("--every", type=int, default=6)
+    parser.add_argument(
+        "--warmup", type=int, default=None, help="default: each model's num_warmup"
+    )
+    parser.add_argument(
+        "--x64", action="store_true", help="solve in float64 after a float32 warmup"
+    )
+    parser.add_argument("--json", default="benchmarks/results/front_progress.json")
+    ns = parser.parse_args(argv)
+    rows = []
+    for name in ns.models:
+        rows += run_model(name, ns)
+    machine = {
+        "jax": jax.__version__,
+        "numpyro": numpyro.__version__,
+        "device": str(jax.devices()[0].device_kind),
+    }
+    with open(ns.json, "w") as f:
+        json.dump({"machine": machine, "args": vars(ns), "rows": rows}, f, indent=1)
+    print(f"\nB = {ns.block_size}, {'float64' if ns.x64 else 'float32'} solve")
+    print("| model | iteration | front | failing steps | max residual |")
+    print("|---|---|---|---|---|")
+    for r in rows:
+        print(
+            f"| {r['model']} | {r['iteration']} | {r['front']} | {r['failing']} "
+            f"| {r['max_residual']:.1e} |"
+        )
+
+
+if __name__ == "__main__":
+    main()
