@@ -101,7 +101,7 @@ class DEERMALA(MCMCKernel):
             at 1e-4 of the largest), a dense matrix whatever ``dense_mass``
             says. It needs no more effective draws than there are points, and
             in it every direction has the same mean curvature: on the H200
-            benchmarks it raised the effective sample size per draw 2.5x to
+            benchmarks it raised the effective sample size per draw 2.4x to
             400x on all six benchmark models at about the same cost per block
             (see the ablation page). Costs ``16 D`` Hessian-vector products per
             window end, and the dense matrix ``D^2`` per step. ``True``:
