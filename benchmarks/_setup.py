@@ -95,8 +95,11 @@ def kernel_options(args) -> dict:
     options = {k: v for k, v in options.items() if v is not None}
     if args.clip is not None:
         options["clip"] = None if args.clip <= 0 else args.clip
-    mass = {False: args.no_adapt_mass, "hessian": args.hessian_mass}
-    mass[True] = args.sample_mass
+    mass = {
+        False: args.no_adapt_mass,
+        True: args.sample_mass,
+        "hessian": args.hessian_mass,
+    }
     chosen = [value for value, given in mass.items() if given]
     if len(chosen) > 1:
         raise SystemExit(

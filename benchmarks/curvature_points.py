@@ -29,13 +29,12 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 
 import jax
 import jax.numpy as jnp
-import numpyro
 from _setup import warmup_steps
 from ablation import _warmup
+from common import machine_info, write_json
 from jax.flatten_util import ravel_pytree
 
 from numpyro_deer import DEERMALA, HardGate
@@ -140,13 +139,7 @@ def main(argv=None):
     rows = []
     for name in ns.models:
         rows += run_model(name, ns.block_size, ns.refresh_after, ns.warmup)
-    machine = {
-        "jax": jax.__version__,
-        "numpyro": numpyro.__version__,
-        "device": str(jax.devices()[0].device_kind),
-    }
-    with open(ns.json, "w") as f:
-        json.dump({"machine": machine, "args": vars(ns), "rows": rows}, f, indent=1)
+    write_json(ns.json, {"machine": machine_info(), "args": vars(ns), "rows": rows})
     warmup = ns.warmup or "each model's num_warmup"
     print(
         f"\nB = {ns.block_size}; warmup {warmup}; "

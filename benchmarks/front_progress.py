@@ -25,14 +25,13 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-import numpyro
 from _setup import warmup_steps
 from ablation import _warmup
+from common import machine_info, write_json
 from jax.flatten_util import ravel_pytree
 
 from numpyro_deer import DEERMALA, HardGate
@@ -122,13 +121,7 @@ def main(argv=None):
     rows = []
     for name in ns.models:
         rows += run_model(name, ns)
-    machine = {
-        "jax": jax.__version__,
-        "numpyro": numpyro.__version__,
-        "device": str(jax.devices()[0].device_kind),
-    }
-    with open(ns.json, "w") as f:
-        json.dump({"machine": machine, "args": vars(ns), "rows": rows}, f, indent=1)
+    write_json(ns.json, {"machine": machine_info(), "args": vars(ns), "rows": rows})
     print(f"\nB = {ns.block_size}, {'float64' if ns.x64 else 'float32'} solve")
     print("| model | iteration | front | failing steps | max residual |")
     print("|---|---|---|---|---|")
