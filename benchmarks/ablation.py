@@ -37,7 +37,8 @@ from numpyro_deer._block import empty_block
 from numpyro_deer.models import BENCHMARK_MODELS
 
 # one factor at a time, from the baseline (the kernel's defaults; in JSON
-# written before solve_basis="auto" the baseline is "basis=whitened", and in
+# written before the eighth run (ablation_sweep3_h200.json) it is "sweep=0";
+# in JSON written before solve_basis="auto" the baseline is "basis=whitened", and in
 # JSON written before adapt_mass_matrix="auto" (2026-12-04) it is "mass=diag",
 # NumPyro's windowed diagonal estimate, as is "sequential" there). Since
 # DEERMALA's `clip` bounds the dense Jacobian too, "jacobian=full" is the
@@ -93,6 +94,21 @@ VARIANTS: dict[str, dict] = {
     "block=B/16": {"block": 0.0625},
     "block=B/32": {"block": 0.03125},
     "block=4B": {"block": 4},
+    # sequential segments of k steps from the front and every local front at
+    # the start of each iteration (from the first: sweep_after=0), B / k of
+    # them side by side. In ablation_sweep_h200.json and
+    # ablation_sweep_b_h200.json the rows "sweep=k" ran 64 segments (the
+    # "sweep=k+segments=64" rows here); in those and ablation_sweep2*_h200.json
+    # each step took two gradient evaluations, one since (carried gradient).
+    "sweep=0": {"sweep": 0},  # the solver before the sweep became the default
+    "sweep=4": {"sweep": 4, "sweep_after": 0},
+    "sweep=8": {"sweep": 8, "sweep_after": 0},
+    "sweep=16": {"sweep": 16, "sweep_after": 0},
+    "sweep=32": {"sweep": 32, "sweep_after": 0},
+    "sweep=16+segments=64": {"sweep": 16, "sweep_segments": 64, "sweep_after": 0},
+    # the sweep only after the first 20 iterations of a block
+    "sweep=8+after=20": {"sweep": 8, "sweep_after": 20},
+    "sweep=16+after=20": {"sweep": 16, "sweep_after": 20},
 }
 
 

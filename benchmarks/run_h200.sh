@@ -17,7 +17,8 @@
 # "reference" (the sequential reference with data as arguments or
 # constants), "hessian", "hessian-sv", "hessian-b" (the Hessian mass
 # matrix), "dense" (the dense Jacobian with a TF32 scan), "auto" (the suite
-# with the Hessian mass as the default). OUTDIR receives the JSON files and logs. BlackJAX is used when
+# with the Hessian mass as the default), "sweep" / "sweep-b" / "sweep-c"
+# (sequential segments from the front and the local fronts). OUTDIR receives the JSON files and logs. BlackJAX is used when
 # importable (carry its wheel; see benchmarks/README.md).
 set -uo pipefail
 stage=$1
@@ -257,6 +258,32 @@ dense)
         --blocks 1 --models stochastic_volatility \
         --variants full+tf32 mass=hessian+full+tf32 mass=hessian \
         --time-budget 310 --json "$out/ablation_dense_sv_h200.json"
+    ;;
+sweep)
+    # sequential segments of k steps from the front and the local fronts, on
+    # the four models that converge fastest (B = 16,384, two blocks). The
+    # first run of this stage and of sweep-b (ablation_sweep_h200.json,
+    # ablation_sweep_b_h200.json) had 64 segments and variants sweep=8 16 32
+    # (sweep-b: baseline sweep=16 sweep=64) = "sweep=k+segments=64" now.
+    run 570 ablation_sweep2 benchmarks/ablation.py --block-size 16384 \
+        --blocks 2 --models eight_schools logistic_regression \
+        logistic_regression_large ill_conditioned_gaussian \
+        --variants sweep=4 sweep=8 sweep=16 \
+        --time-budget 540 --json "$out/ablation_sweep2_h200.json"
+    ;;
+sweep-b)
+    # the same on the two models that miss 50 iterations without it
+    run 570 ablation_sweep2_b benchmarks/ablation.py --block-size 16384 \
+        --blocks 2 --models hierarchical_logistic_regression \
+        stochastic_volatility --variants sweep=8 sweep=16 sweep=32 \
+        --time-budget 540 --json "$out/ablation_sweep2_b_h200.json"
+    ;;
+sweep-c)
+    # the sweep held back for the first 20 iterations of each block (its
+    # segments now carry the gradient: one gradient evaluation per step)
+    run 540 ablation_sweep3 benchmarks/ablation.py --block-size 16384 \
+        --blocks 2 --variants sweep=16+after=20 sweep=8+after=20 \
+        --time-budget 470 --json "$out/ablation_sweep3_h200.json"
     ;;
 *)
     echo "unknown stage $stage" >&2

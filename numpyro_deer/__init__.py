@@ -22,12 +22,14 @@ from ._mala import MALATape as MALATape
 from ._mala import SigmoidGate as SigmoidGate
 from ._mala import StepInfo as StepInfo
 from ._mala import finish_chain as finish_chain
+from ._mala import make_sequential_step as make_sequential_step
 from ._mala import make_step_fn as make_step_fn
 from ._mala import make_tape as make_tape
 from ._mala import mala_proposal_step as mala_proposal_step
 from ._mala import sequential_chain as sequential_chain
 from ._newton import DEERSolver as DEERSolver
 from ._newton import NewtonInfo as NewtonInfo
+from ._newton import SequentialStep as SequentialStep
 from ._newton import deer_solve as deer_solve
 from ._newton import newton_iterates as newton_iterates
 from ._scan import scan_dense as scan_dense
@@ -51,6 +53,7 @@ __all__ = [
     "MALATape",
     "MCMC",
     "NewtonInfo",
+    "SequentialStep",
     "SigmoidGate",
     "StepInfo",
     "StochasticDiagonalJacobian",
@@ -58,6 +61,7 @@ __all__ = [
     "check_model",
     "deer_solve",
     "finish_chain",
+    "make_sequential_step",
     "make_step_fn",
     "make_tape",
     "mala_proposal_step",

@@ -27,7 +27,14 @@ import jax.numpy as jnp
 from jax import Array
 
 from ._hessian_mass import MAX_HESSIAN_DIM, mean_hessian_eigh
-from ._mala import Gate, finish_chain, make_step_fn, make_tape, sequential_chain
+from ._mala import (
+    Gate,
+    finish_chain,
+    make_sequential_step,
+    make_step_fn,
+    make_tape,
+    sequential_chain,
+)
 from ._newton import DEERSolver, NewtonInfo, deer_solve
 
 
@@ -267,7 +274,10 @@ def refill_block(
             filled = state.block.info.solves > 0
             guess = jnp.where(filled, rows_to_w(state.block.z), w0)
             guess = guess if basis is None else guess @ basis
-        u, step_info, info = deer_solve(step_fn, u0, tape_u, key_probe, solver, guess)
+        sequential = make_sequential_step(potential_u, adapt.step_size, None, gate)
+        u, step_info, info = deer_solve(
+            step_fn, u0, tape_u, key_probe, solver, guess, sequential
+        )
         u, step_info = jax.lax.cond(
             info.converged,
             lambda _: (u, step_info),

@@ -26,6 +26,24 @@ first ``k`` states are exact after ``k`` iterations, whatever ``J`` is.
 ``window = T`` is plain DEER. A smaller window does less work per iteration and
 advances with the front.
 
+**Sweep.** Where the chain's Jacobian changes faster than ``J`` follows it (a
+funnel's neck, a run of accept decisions near their threshold) a stretch of
+failing steps shrinks from its left end by a few steps per iteration, and
+every iteration pays for the whole block. Such stretches start at the front
+and at *local fronts*: failing steps whose predecessor passed. With
+``sweep = k > 0`` an iteration first computes ``k`` steps one after the other
+from each of them (up to ``segments``, by default ``T / k``, side by side as
+one batch, so a sweep evaluates about as many steps as the Newton iteration)
+and writes them into the iterate. The parallel evaluation then tests them
+like any other step, so the certificate is unchanged, and where a stretch's
+input is already right it shrinks by up to ``k + 1`` steps per iteration.
+The segment at the front starts one step past it, at the first unfrozen
+step, which the previous iteration set to its exact ``F_t``: a sequential and
+a batched evaluation that round an accept decision differently can therefore
+never undo each other there, and the front still grows every iteration. The
+cost is ``k`` latency-bound steps per iteration: small where an iteration
+costs much more than a sequential step.
+
 There is one iteration body (:func:`_newton_iteration`); the solver loops it
 under :func:`jax.lax.while_loop` with no host synchronisation.
 """
@@ -41,6 +59,31 @@ import jax.numpy as jnp
 from jax import Array
 
 from ._jacobian import JacobianStrategy, StepFn, StochasticDiagonalJacobian
+
+
+class SequentialStep(NamedTuple):
+    """A faster form of the same step for the sweep's sequential segments.
+
+    ``init(x) -> c`` and ``step(c, tape_t) -> (c, x_new)``, where the carry
+    ``c`` may hold what the next step reuses (MALA: the potential and gradient
+    at the current state, so a step costs one gradient evaluation instead of
+    two; :func:`~numpyro_deer.make_sequential_step`). It must compute the same
+    ``x_new`` as the step function up to rounding: its values are only a
+    guess, tested by the step function like every other step.
+    """
+
+    init: Callable[[Array], Any]
+    step: Callable[[Any, Any], tuple[Any, Array]]
+
+
+def plain_sequential_step(step_fn: StepFn) -> SequentialStep:
+    """The step function itself as a :class:`SequentialStep` (carry ``= x``)."""
+
+    def step(x, tape_t):
+        x_new, _ = step_fn(x, tape_t)
+        return x_new, x_new
+
+    return SequentialStep(lambda x: x, step)
 
 
 @dataclass(frozen=True)
@@ -59,6 +102,15 @@ class DEERSolver:
             ``max_iter * max_solves`` iterations reports ``converged=False``.
         damping: ``J_t`` is scaled by ``1 - damping`` (``0`` is plain Newton).
         window: steps per iteration; ``None`` uses the whole block.
+        sweep: sequential steps computed at the start of each iteration from
+            the front and from each local front (``0``: none); see the module
+            docstring.
+        segments: how many of those segments run side by side (the front's
+            and the first local fronts); ``None`` takes ``T // sweep`` (the
+            window's length with a window).
+        sweep_after: iterations of a solve before the sweep starts (``0``:
+            from the first); blocks that converge within them never pay for
+            it.
     """
 
     jacobian: JacobianStrategy = field(default_factory=StochasticDiagonalJacobian)
@@ -68,12 +120,27 @@ class DEERSolver:
     max_solves: int = 3
     damping: float = 0.0
     window: int | None = None
+    sweep: int = 0
+    segments: int | None = None
+    sweep_after: int = 0
 
     def __post_init__(self):
         for name in ("max_iter", "max_solves"):
             value = getattr(self, name)
             if not (isinstance(value, int) and value >= 1):
                 raise ValueError(f"DEERSolver({name}={value!r}): use an integer >= 1.")
+        if not (isinstance(self.sweep, int) and self.sweep >= 0):
+            raise ValueError(f"DEERSolver(sweep={self.sweep!r}): use an integer >= 0.")
+        if not (isinstance(self.sweep_after, int) and self.sweep_after >= 0):
+            raise ValueError(
+                f"DEERSolver(sweep_after={self.sweep_after!r}): use an integer >= 0."
+            )
+        if self.segments is not None and not (
+            isinstance(self.segments, int) and self.segments >= 1
+        ):
+            raise ValueError(
+                f"DEERSolver(segments={self.segments!r}): use None or an integer >= 1."
+            )
         if not 0.0 <= self.damping < 1.0:
             raise ValueError(
                 f"DEERSolver(damping={self.damping!r}): damping must be in [0, 1)."
@@ -88,6 +155,13 @@ class DEERSolver:
             value = getattr(self, name)
             if value is not None and not value >= 0:
                 raise ValueError(f"DEERSolver({name}={value!r}): must be >= 0.")
+
+    def num_segments(self, window: int) -> int:
+        """Segments a sweep runs side by side on a window of ``window`` steps:
+        ``segments``, or ``window // sweep`` (the sweep then evaluates about
+        as many steps as the Newton iteration), at most ``window``."""
+        segments = self.segments or window // max(self.sweep, 1)
+        return max(1, min(segments, window))
 
     def tolerances(self, dtype) -> tuple[float, float]:
         """``(atol, rtol)`` for the given dtype."""
@@ -126,6 +200,7 @@ class _Carry(NamedTuple):
     iteration: Array
     residual: Array
     nonfinite: Array
+    passed: Array  # (T + W,): the last test, by step (local fronts of the sweep)
 
 
 def finite_or_fixed_point(new: Array, values: Array, cur: Array) -> Array:
@@ -141,6 +216,78 @@ def finite_or_fixed_point(new: Array, values: Array, cur: Array) -> Array:
     return jnp.where(row_ok, new, jnp.where(values_ok, values, cur))
 
 
+def sweep_starts(front: Array, iteration: Array, passed: Array, count: int) -> Array:
+    """Step indices the sweep's segments start from, shape ``(count,)``.
+
+    The first is one step past the front (at the front in the first
+    iteration): step ``front`` was set to its exact ``F_t`` by the previous
+    iteration, so it is never recomputed, and a sequential and a batched
+    evaluation that round an accept decision differently cannot undo each
+    other there. The others are the *local fronts* of the previous iteration's
+    test: failing steps whose predecessor passed, in order. Unused slots hold
+    ``passed.shape[0]`` (past the block).
+    """
+    size = passed.shape[0]
+    first = front + jnp.where(iteration > 0, 1, 0).astype(front.dtype)
+    step = jnp.arange(size)
+    local = ~passed & jnp.concatenate([jnp.zeros((1,), bool), passed[:-1]])
+    local = local & (step > first)
+    (rest,) = jnp.nonzero(local, size=count - 1, fill_value=size)
+    return jnp.concatenate([first[None], rest.astype(front.dtype)])
+
+
+def sweep_segments(
+    sequential: SequentialStep,
+    states: Array,
+    tape: Any,
+    starts: Array,
+    num_steps: int,
+    length: int,
+    passes: Array | int | None = None,
+) -> Array:
+    """``states`` with ``length`` sequential steps from each start.
+
+    ``states[t]`` is ``s_t`` (``states[0] = s_0``). The segment from start
+    ``b`` sets ``s_{b+j+1} = f_{b+j}(s_{b+j})`` for ``j < length``, stopping
+    before the next start and at the end of the block; the segments run side
+    by side (one batch of ``len(starts)`` per sequential step). ``passes``
+    (at most ``length``, possibly traced) stops all segments after that many
+    steps: a loop with a traced trip count, so under ``vmap`` it runs as many
+    passes as the largest ``passes`` of the batch, none if all are zero.
+    """
+    passes = length if passes is None else passes
+    next_start = jnp.concatenate([starts[1:], jnp.full((1,), num_steps, starts.dtype)])
+    stop = jnp.minimum(next_start, num_steps)  # a segment computes steps < stop
+    steps = starts[:, None] + jnp.arange(length)  # (segments, length)
+    live = (steps < stop[:, None]) & (jnp.arange(length) < passes)
+    tape_seg = jax.tree.map(
+        lambda leaf: jnp.take(leaf, steps, axis=0, mode="clip"), tape
+    )
+
+    def body(j, carry):
+        c, x, out = carry
+        tape_j = jax.tree.map(lambda leaf: leaf[:, j], tape_seg)
+        new_c, new_x = jax.vmap(sequential.step)(c, tape_j)
+        ok = live[:, j] & jnp.all(jnp.isfinite(new_x), axis=-1)
+
+        def keep(new, old):
+            return jnp.where(ok.reshape((-1,) + (1,) * (new.ndim - 1)), new, old)
+
+        x = keep(new_x, x)
+        out = jax.lax.dynamic_update_index_in_dim(out, x, j, 1)
+        return jax.tree.map(keep, new_c, c), x, out
+
+    x0 = jnp.take(states, starts, axis=0, mode="clip")
+    out = jnp.zeros(steps.shape + states.shape[1:], states.dtype)
+    init = (jax.vmap(sequential.init)(x0), x0, out)
+    _, _, out = jax.lax.fori_loop(0, passes, body, init)  # (segments, length, D)
+    # step t writes s_{t+1}; steps not computed go nowhere
+    target = jnp.where(live, steps + 1, states.shape[0])
+    return states.at[target.reshape(-1)].set(
+        out.reshape((-1,) + states.shape[1:]), mode="drop"
+    )
+
+
 def _newton_iteration(
     step_fn: StepFn,
     solver: DEERSolver,
@@ -149,6 +296,7 @@ def _newton_iteration(
     window: int,
     key: Array,
     carry: _Carry,
+    sequential: SequentialStep | None = None,
 ) -> _Carry:
     """One Newton iteration on the window.
 
@@ -161,6 +309,33 @@ def _newton_iteration(
     dtype = carry.states.dtype
     atol, rtol = solver.tolerances(dtype)
     start = front if window < num_steps else jnp.zeros_like(front)
+    if solver.sweep:
+        sequential = (
+            plain_sequential_step(step_fn) if sequential is None else sequential
+        )
+        segments = solver.num_segments(window)
+
+        def sweep(states, passes=None):
+            starts = sweep_starts(front, carry.iteration, carry.passed, segments)
+            return sweep_segments(
+                sequential, states, tape, starts, num_steps, solver.sweep, passes
+            )
+
+        if solver.sweep_after:
+            # Counted from the start of the block's solve. Under vmap (chains
+            # solved together) the cond becomes a select that runs the sweep
+            # for every chain; its traced pass count then makes it run only
+            # as many passes as the chain furthest on needs (none early on).
+            late = carry.iteration >= solver.sweep_after
+            states = jax.lax.cond(
+                late,
+                lambda states: sweep(states, jnp.where(late, solver.sweep, 0)),
+                lambda states: states,
+                carry.states,
+            )
+        else:
+            states = sweep(carry.states)
+        carry = carry._replace(states=states)
 
     prev = jax.lax.dynamic_slice_in_dim(carry.states, start, window)
     cur = jax.lax.dynamic_slice_in_dim(carry.states, start + 1, window)
@@ -222,6 +397,9 @@ def _newton_iteration(
         iteration=carry.iteration + 1,
         residual=residual,
         nonfinite=nonfinite,
+        passed=jax.lax.dynamic_update_slice_in_dim(
+            carry.passed, passed & valid, start, 0
+        ),
     )
 
 
@@ -251,7 +429,13 @@ def _initial_carry(
     )
     zero = jnp.zeros((), jnp.int32)
     carry = _Carry(
-        states, aux, zero, zero, jnp.zeros((), x0.dtype), jnp.zeros((), bool)
+        states,
+        aux,
+        zero,
+        zero,
+        jnp.zeros((), x0.dtype),
+        jnp.zeros((), bool),
+        jnp.zeros((num_steps + pad,), bool),
     )
     return carry, padded_tape
 
@@ -312,6 +496,7 @@ def deer_solve(
     key: Array,
     solver: DEERSolver = DEERSolver(),
     init_states: Array | None = None,
+    sequential: SequentialStep | None = None,
 ) -> tuple[Array, Any, NewtonInfo]:
     """Solve a block of ``T`` taped steps from ``x0`` in parallel.
 
@@ -327,6 +512,9 @@ def deer_solve(
         key: key for stochastic Jacobian strategies (kept apart from the tape).
         solver: the solver settings.
         init_states: initial guess ``(T, D)``; default ``x0`` repeated.
+        sequential: a faster form of the step for ``solver.sweep``'s
+            sequential segments (:class:`SequentialStep`); default
+            ``step_fn`` itself.
 
     Returns:
         ``(states, aux, info)``: ``s_1..s_T``; the step infos of the
@@ -339,7 +527,7 @@ def deer_solve(
 
     def iteration(c):
         return _newton_iteration(
-            step_fn, solver, padded_tape, num_steps, window, key, c
+            step_fn, solver, padded_tape, num_steps, window, key, c, sequential
         )
 
     carry, info = solve_loop(iteration, carry, num_steps, solver)

@@ -39,7 +39,9 @@ that of a block of ``L`` steps with two scans instead of one, plus a scan of
 length ``n``.
 
 The whole block is solved at every iteration (``solver.window`` is ignored: a
-window that follows the front would leave the devices behind it idle).
+window that follows the front would leave the devices behind it idle), and
+``solver.sweep`` is ignored too (no sequential segments: the iteration counts
+are those of ``sweep=0``; the chain is the same).
 Everything else -- tolerances, ``max_iter``, ``max_solves``, ``damping``,
 :class:`~numpyro_deer.NewtonInfo` -- is that of
 :func:`~numpyro_deer.deer_solve`.
@@ -259,8 +261,9 @@ def sharded_deer_solve(
     :class:`~numpyro_deer.NewtonInfo` (front, certificate, ``converged``,
     ``nonfinite``), the same ``max_iter`` / ``max_solves`` loop. A stochastic
     Jacobian draws other probes than the unsharded solve, so the iteration
-    counts may differ; the chain does not. ``solver.window`` is ignored (the
-    whole block is solved at every iteration).
+    counts may differ; the chain does not. ``solver.window`` and
+    ``solver.sweep`` are ignored (the whole block is solved at every
+    iteration, with no sequential segments).
 
     Call it under :func:`jax.jit`; the returned ``states`` and ``aux`` are
     sharded along the time axis, the ``info`` fields are replicated.

@@ -128,11 +128,12 @@ def test_deer_and_sequential_methods_give_the_same_chain():
     # the initial guess of the Newton solve changes the work, not the chain
     args, kwargs = gaussian_data(0.5)
     draws = []
-    for method, guess, jacobian in (
-        ("sequential", "start", "stochastic"),
-        ("deer", "start", "stochastic"),
-        ("deer", "previous", "stochastic"),
-        ("deer", "start", "full"),  # spectral-norm clipped by default
+    for method, guess, jacobian, sweep in (
+        ("sequential", "start", "stochastic", 0),
+        ("deer", "start", "stochastic", 0),
+        ("deer", "previous", "stochastic", 0),
+        ("deer", "start", "full", 0),  # spectral-norm clipped by default
+        ("deer", "start", "stochastic", 4),  # sequential segments first
     ):
         kernel = DEERMALA(
             gaussian_mean_model,
@@ -140,6 +141,7 @@ def test_deer_and_sequential_methods_give_the_same_chain():
             method=method,
             initial_guess=guess,
             jacobian=jacobian,
+            sweep=sweep,
             atol=1e-12,
             rtol=1e-10,
         )

@@ -131,6 +131,8 @@ def test_potential_fn_path_needs_init_params():
         ({"initial_guess": "zeros"}, "initial_guess"),
         ({"solve_basis": "pca"}, "solve_basis"),
         ({"adapt_mass_matrix": "hessain"}, "adapt_mass_matrix='hessain'"),
+        ({"sweep": -1}, "sweep"),
+        ({"sweep": 4, "sweep_segments": 0}, "segments"),
     ],
 )
 def test_bad_arguments_are_named(kwargs, match):

@@ -461,6 +461,157 @@ def test_windowed_solve_equals_sequential(targets):
     assert true_residual <= residual_bound(states)
 
 
+# ------------------------------------------------------------------------ sweeps
+SWEEP = 8
+
+
+def test_sweep_starts_are_past_the_front_then_local_fronts():
+    from numpyro_deer._newton import sweep_starts
+
+    # steps 0-2 pass (front 3), 3-4 fail, 5-6 pass, 7 fails, 8 passes, 9 fails
+    passed = jnp.array([1, 1, 1, 0, 0, 1, 1, 0, 1, 0], bool)
+    front = jnp.asarray(3, jnp.int32)
+    later = sweep_starts(front, jnp.asarray(5), passed, 4)
+    first = sweep_starts(front, jnp.asarray(0), passed, 4)
+    # one past the front (step 3 already holds its exact F_t), then steps 7, 9
+    assert_array_equal(np.asarray(later), [4, 7, 9, 10])
+    # in the first iteration nothing was evaluated yet: start at the front
+    assert_array_equal(np.asarray(first), [3, 7, 9, 10])
+
+
+def test_sweep_segments_are_sequential_and_stop_at_the_next_start():
+    from numpyro_deer._newton import plain_sequential_step, sweep_segments
+
+    def step_fn(x, tape_t):  # s_t = 2 s_{t-1} + c_t
+        return 2.0 * x + tape_t, None
+
+    num_steps = 12
+    tape = jnp.arange(1.0, num_steps + 1.0)[:, None]
+    states = jnp.full((num_steps + 1, 1), -1.0).at[0].set(0.0)
+    starts = jnp.array([0, 3, 11, num_steps])
+    sequential = plain_sequential_step(step_fn)
+    out = sweep_segments(sequential, states, tape, starts, num_steps, 5)
+    out = np.asarray(out)[:, 0]
+
+    # the segments run side by side, each from the iterate's state at its start
+    before = np.asarray(states)[:, 0]
+    expected = before.copy()
+    for begin, stop in ((0, 3), (3, 8), (11, 12)):  # stop: next start, length, end
+        x = before[begin]
+        for t in range(begin, stop):
+            x = 2.0 * x + float(tape[t, 0])
+            expected[t + 1] = x
+    assert_array_equal(out, expected)
+    assert out[9] == -1.0  # past the second segment's 5 steps: untouched
+
+
+def test_sweep_keeps_the_chain_and_moves_the_front_by_sweep_plus_one(targets):
+    target = targets["logreg"]
+    step_fn = target.step_fn()
+    plain = _solver(DiagonalJacobian(), max_iter=3, max_solves=1)
+    swept = _solver(DiagonalJacobian(), max_iter=3, max_solves=1, sweep=SWEEP)
+    _, _, info_plain = _run(_jitted_solve(step_fn, plain), target)
+    states, _, info = _run(_jitted_solve(step_fn, swept), target)
+
+    # each iteration certifies the SWEEP steps past the exact first unfrozen one
+    front = int(info.front)
+    assert front >= 3 * (SWEEP + 1) - 1
+    assert front > int(info_plain.front)
+    assert_allclose(states[:front], target.seq_states[:front], **MATCH)
+
+
+def test_sweep_after_holds_the_sweep_back(targets):
+    # sweep_after=3 with 3 iterations: no sweep, the plain solve's front;
+    # sweep_after=1: two swept iterations, each moving the front by SWEEP + 1
+    target = targets["logreg"]
+    step_fn = target.step_fn()
+    fronts = {}
+    for after in (0, 1, 3):
+        solver = _solver(
+            DiagonalJacobian(), max_iter=3, max_solves=1, sweep=SWEEP, sweep_after=after
+        )
+        states, _, info = _run(_jitted_solve(step_fn, solver), target)
+        fronts[after] = int(info.front)
+        assert_allclose(
+            states[: fronts[after]], target.seq_states[: fronts[after]], **MATCH
+        )
+    plain = _solver(DiagonalJacobian(), max_iter=3, max_solves=1)
+    assert fronts[3] == int(_run(_jitted_solve(step_fn, plain), target)[2].front)
+    assert fronts[1] >= 2 * (SWEEP + 1)
+    assert fronts[0] > fronts[1] > fronts[3]
+
+
+def test_vmapped_solves_with_a_held_back_sweep_are_each_chain(targets):
+    # chains solved together: the cond holding the sweep back is a select
+    # under vmap, and the sweep's pass count differs between the chains
+    target = targets["corr_gauss"]
+    solver = _solver(DiagonalJacobian(), sweep=SWEEP, sweep_after=2)
+    step_fn = target.step_fn()
+    x0s = jnp.stack([jnp.asarray(target.x0), -2.0 * jnp.asarray(target.x0)])
+    solve = _jit(
+        jax.vmap(
+            lambda x0, key: deer_solve(step_fn, x0, target.tape, key, solver),
+        )
+    )
+    states, _, info = solve(x0s, jax.random.split(jax.random.PRNGKey(4), 2))
+    seq = _jit(jax.vmap(sequential_chain, (None, 0, None, None)), static_argnums=0)
+    expected, _ = seq(target.potential, x0s, target.tape, target.step_size)
+
+    assert np.all(np.asarray(info.converged))
+    assert_allclose(np.asarray(states), np.asarray(expected), **MATCH)
+
+
+def test_carried_sequential_step_is_the_chain(targets):
+    # make_sequential_step carries U(x) and its gradient: one gradient a step,
+    # the same chain as the step function
+    from numpyro_deer import make_sequential_step
+
+    target = targets["logreg"]
+    sequential = make_sequential_step(target.potential, target.step_size)
+
+    @_jit
+    def run(x0, tape):
+        def body(c, tape_t):
+            return sequential.step(c, tape_t)
+
+        return jax.lax.scan(body, sequential.init(x0), tape)[1]
+
+    states = np.asarray(run(jnp.asarray(target.x0), target.tape))
+    assert_allclose(states, target.seq_states, rtol=0, atol=1e-12)
+
+    solver = _solver(DiagonalJacobian(), sweep=SWEEP)
+    solve = _jit(
+        lambda x0, tape, key: deer_solve(
+            target.step_fn(), x0, tape, key, solver, sequential=sequential
+        )
+    )
+    states, _, info = _run(solve, target)
+    assert bool(info.converged)
+    assert_allclose(states, target.seq_states, **MATCH)
+
+
+@pytest.mark.parametrize("window", [None, 32])
+def test_swept_solve_equals_sequential_even_at_zero_tolerance(targets, window):
+    # zero tolerances: a step freezes only when reproduced bit for bit, so a
+    # sweep that undid the exact F_t at the front would stall the solve
+    target = targets["corr_gauss"]
+    solver = DEERSolver(
+        DiagonalJacobian(),
+        atol=0.0,
+        rtol=0.0,
+        max_iter=2 * B,
+        sweep=SWEEP,
+        window=window,
+    )
+    states, aux, info = _run(_jitted_solve(target.step_fn(), solver), target)
+
+    assert bool(info.converged)
+    assert int(info.solves) == 1
+    assert int(info.iterations) <= B // (SWEEP + 1) + 1
+    assert_allclose(states, target.seq_states, **MATCH)
+    assert_array_equal(aux.accepted, target.seq_info.accepted)
+
+
 # -------------------------------------------------------------------- validation
 @pytest.mark.parametrize(
     "build, name",
@@ -470,6 +621,10 @@ def test_windowed_solve_equals_sequential(targets):
         (lambda: DEERSolver(damping=1.0), "damping"),
         (lambda: DEERSolver(damping=-0.1), "damping"),
         (lambda: DEERSolver(window=0), "window"),
+        (lambda: DEERSolver(sweep=-1), "sweep"),
+        (lambda: DEERSolver(sweep=2.5), "sweep"),
+        (lambda: DEERSolver(sweep=4, segments=0), "segments"),
+        (lambda: DEERSolver(sweep=4, sweep_after=-1), "sweep_after"),
         (lambda: DEERSolver(atol=-1e-6), "atol"),
         (lambda: DEERSolver(rtol=-1e-6), "rtol"),
         (lambda: StochasticDiagonalJacobian(num_probes=0), "num_probes"),
