@@ -29,7 +29,6 @@ from ._mala import mala_proposal_step as mala_proposal_step
 from ._mala import sequential_chain as sequential_chain
 from ._newton import DEERSolver as DEERSolver
 from ._newton import NewtonInfo as NewtonInfo
-from ._newton import SequentialStep as SequentialStep
 from ._newton import deer_solve as deer_solve
 from ._newton import newton_iterates as newton_iterates
 from ._scan import scan_dense as scan_dense
@@ -37,6 +36,7 @@ from ._scan import scan_diagonal as scan_diagonal
 from ._scan import scan_sequential as scan_sequential
 from ._sharded import sharded_deer_solve as sharded_deer_solve
 from ._sharded import time_mesh as time_mesh
+from ._sweep import SequentialStep as SequentialStep
 
 __version__ = "0.1.0.dev0"
 

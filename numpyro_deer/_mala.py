@@ -34,7 +34,7 @@ import jax
 import jax.numpy as jnp
 from jax import Array
 
-from ._newton import SequentialStep
+from ._sweep import SequentialStep
 
 PotentialFn = Callable[[Array], Array]
 

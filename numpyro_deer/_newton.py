@@ -26,23 +26,9 @@ first ``k`` states are exact after ``k`` iterations, whatever ``J`` is.
 ``window = T`` is plain DEER. A smaller window does less work per iteration and
 advances with the front.
 
-**Sweep.** Where the chain's Jacobian changes faster than ``J`` follows it (a
-funnel's neck, a run of accept decisions near their threshold) a stretch of
-failing steps shrinks from its left end by a few steps per iteration, and
-every iteration pays for the whole block. Such stretches start at the front
-and at *local fronts*: failing steps whose predecessor passed. With
-``sweep = k > 0`` an iteration first computes ``k`` steps one after the other
-from each of them (up to ``segments``, by default ``T / k``, side by side as
-one batch, so a sweep evaluates about as many steps as the Newton iteration)
-and writes them into the iterate. The parallel evaluation then tests them
-like any other step, so the certificate is unchanged, and where a stretch's
-input is already right it shrinks by up to ``k + 1`` steps per iteration.
-The segment at the front starts one step past it, at the first unfrozen
-step, which the previous iteration set to its exact ``F_t``: a sequential and
-a batched evaluation that round an accept decision differently can therefore
-never undo each other there, and the front still grows every iteration. The
-cost is ``k`` latency-bound steps per iteration: small where an iteration
-costs much more than a sequential step.
+**Sweep.** With ``sweep = k > 0`` an iteration first runs ``k`` sequential
+steps from the front and from every local front (:mod:`numpyro_deer._sweep`)
+and writes them into the iterate, which the iteration then tests as usual.
 
 There is one iteration body (:func:`_newton_iteration`); the solver loops it
 under :func:`jax.lax.while_loop` with no host synchronisation.
@@ -59,31 +45,7 @@ import jax.numpy as jnp
 from jax import Array
 
 from ._jacobian import JacobianStrategy, StepFn, StochasticDiagonalJacobian
-
-
-class SequentialStep(NamedTuple):
-    """A faster form of the same step for the sweep's sequential segments.
-
-    ``init(x) -> c`` and ``step(c, tape_t) -> (c, x_new)``, where the carry
-    ``c`` may hold what the next step reuses (MALA: the potential and gradient
-    at the current state, so a step costs one gradient evaluation instead of
-    two; :func:`~numpyro_deer.make_sequential_step`). It must compute the same
-    ``x_new`` as the step function up to rounding: its values are only a
-    guess, tested by the step function like every other step.
-    """
-
-    init: Callable[[Array], Any]
-    step: Callable[[Any, Any], tuple[Any, Array]]
-
-
-def plain_sequential_step(step_fn: StepFn) -> SequentialStep:
-    """The step function itself as a :class:`SequentialStep` (carry ``= x``)."""
-
-    def step(x, tape_t):
-        x_new, _ = step_fn(x, tape_t)
-        return x_new, x_new
-
-    return SequentialStep(lambda x: x, step)
+from ._sweep import SequentialStep, plain_sequential_step, sweep_segments, sweep_starts
 
 
 @dataclass(frozen=True)
@@ -214,78 +176,6 @@ def finite_or_fixed_point(new: Array, values: Array, cur: Array) -> Array:
     row_ok = jnp.all(jnp.isfinite(new), axis=-1, keepdims=True)
     values_ok = jnp.all(jnp.isfinite(values), axis=-1, keepdims=True)
     return jnp.where(row_ok, new, jnp.where(values_ok, values, cur))
-
-
-def sweep_starts(front: Array, iteration: Array, passed: Array, count: int) -> Array:
-    """Step indices the sweep's segments start from, shape ``(count,)``.
-
-    The first is one step past the front (at the front in the first
-    iteration): step ``front`` was set to its exact ``F_t`` by the previous
-    iteration, so it is never recomputed, and a sequential and a batched
-    evaluation that round an accept decision differently cannot undo each
-    other there. The others are the *local fronts* of the previous iteration's
-    test: failing steps whose predecessor passed, in order. Unused slots hold
-    ``passed.shape[0]`` (past the block).
-    """
-    size = passed.shape[0]
-    first = front + jnp.where(iteration > 0, 1, 0).astype(front.dtype)
-    step = jnp.arange(size)
-    local = ~passed & jnp.concatenate([jnp.zeros((1,), bool), passed[:-1]])
-    local = local & (step > first)
-    (rest,) = jnp.nonzero(local, size=count - 1, fill_value=size)
-    return jnp.concatenate([first[None], rest.astype(front.dtype)])
-
-
-def sweep_segments(
-    sequential: SequentialStep,
-    states: Array,
-    tape: Any,
-    starts: Array,
-    num_steps: int,
-    length: int,
-    passes: Array | int | None = None,
-) -> Array:
-    """``states`` with ``length`` sequential steps from each start.
-
-    ``states[t]`` is ``s_t`` (``states[0] = s_0``). The segment from start
-    ``b`` sets ``s_{b+j+1} = f_{b+j}(s_{b+j})`` for ``j < length``, stopping
-    before the next start and at the end of the block; the segments run side
-    by side (one batch of ``len(starts)`` per sequential step). ``passes``
-    (at most ``length``, possibly traced) stops all segments after that many
-    steps: a loop with a traced trip count, so under ``vmap`` it runs as many
-    passes as the largest ``passes`` of the batch, none if all are zero.
-    """
-    passes = length if passes is None else passes
-    next_start = jnp.concatenate([starts[1:], jnp.full((1,), num_steps, starts.dtype)])
-    stop = jnp.minimum(next_start, num_steps)  # a segment computes steps < stop
-    steps = starts[:, None] + jnp.arange(length)  # (segments, length)
-    live = (steps < stop[:, None]) & (jnp.arange(length) < passes)
-    tape_seg = jax.tree.map(
-        lambda leaf: jnp.take(leaf, steps, axis=0, mode="clip"), tape
-    )
-
-    def body(j, carry):
-        c, x, out = carry
-        tape_j = jax.tree.map(lambda leaf: leaf[:, j], tape_seg)
-        new_c, new_x = jax.vmap(sequential.step)(c, tape_j)
-        ok = live[:, j] & jnp.all(jnp.isfinite(new_x), axis=-1)
-
-        def keep(new, old):
-            return jnp.where(ok.reshape((-1,) + (1,) * (new.ndim - 1)), new, old)
-
-        x = keep(new_x, x)
-        out = jax.lax.dynamic_update_index_in_dim(out, x, j, 1)
-        return jax.tree.map(keep, new_c, c), x, out
-
-    x0 = jnp.take(states, starts, axis=0, mode="clip")
-    out = jnp.zeros(steps.shape + states.shape[1:], states.dtype)
-    init = (jax.vmap(sequential.init)(x0), x0, out)
-    _, _, out = jax.lax.fori_loop(0, passes, body, init)  # (segments, length, D)
-    # step t writes s_{t+1}; steps not computed go nowhere
-    target = jnp.where(live, steps + 1, states.shape[0])
-    return states.at[target.reshape(-1)].set(
-        out.reshape((-1,) + states.shape[1:]), mode="drop"
-    )
 
 
 def _newton_iteration(

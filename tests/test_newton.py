@@ -466,7 +466,7 @@ SWEEP = 8
 
 
 def test_sweep_starts_are_past_the_front_then_local_fronts():
-    from numpyro_deer._newton import sweep_starts
+    from numpyro_deer._sweep import sweep_starts
 
     # steps 0-2 pass (front 3), 3-4 fail, 5-6 pass, 7 fails, 8 passes, 9 fails
     passed = jnp.array([1, 1, 1, 0, 0, 1, 1, 0, 1, 0], bool)
@@ -480,7 +480,7 @@ def test_sweep_starts_are_past_the_front_then_local_fronts():
 
 
 def test_sweep_segments_are_sequential_and_stop_at_the_next_start():
-    from numpyro_deer._newton import plain_sequential_step, sweep_segments
+    from numpyro_deer._sweep import plain_sequential_step, sweep_segments
 
     def step_fn(x, tape_t):  # s_t = 2 s_{t-1} + c_t
         return 2.0 * x + tape_t, None
