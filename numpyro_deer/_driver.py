@@ -346,8 +346,9 @@ def _warn_failed_blocks(stats) -> None:
             "finished one step after the other from the solve's front with the same "
             "tape, so the draws are the chain, but slower. Try a longer "
             "num_warmup (a chain still drifting towards the posterior when "
-            "sampling starts is slow to solve), a smaller block_size, "
-            "jacobian='full' (small models), a larger max_iter, or "
+            "sampling starts is slow to solve), a smaller block_size, a "
+            "longer sweep (sweep=16), jacobian='full' (small models), a larger "
+            "max_iter, or "
             "method='sequential' for this model (docs: choosing options, "
             "limitations). To make this an error: warnings.simplefilter("
             "'error', numpyro_deer.DEERConvergenceWarning).",
