@@ -18,7 +18,17 @@ settings, not of the device, so this diagnostic runs on a CPU::
     PYTHONPATH=. python benchmarks/front_progress.py --models eight_schools \\
         --block-size 16384 --iterations 90 --x64
 
-The table is printed last; full results go to ``--json``.
+``--sweeps`` solves the same block with other sweep settings (``K`` or
+``KxM``: ``K`` sequential steps per segment, ``M`` segments; ``0``: none, the
+default, whatever the kernel's default), e.g.::
+
+    PYTHONPATH=. python benchmarks/front_progress.py --models eight_schools \
+        --block-size 16384 --iterations 90 --every 1 --stop \
+        --sweeps 0 16x64 16x256 16 16x16384 4 8 32
+
+Each row also counts the *stretches* of failing steps (runs separated by more
+than 50 passing steps). The table is printed last (iterations until every step
+passes, per setting); full results go to ``--json``.
 """
 
 from __future__ import annotations
@@ -73,7 +83,22 @@ def run_model(name: str, ns) -> list[dict]:
     step_fn = make_step_fn(potential_u, state.adapt_state.step_size, None, HardGate())
     # float32's tolerances in both cases, for the test and for the freezing
     atol, rtol = kernel.solver.tolerances(jnp.float32)
-    solver = dataclasses.replace(kernel.solver, atol=atol, rtol=rtol)
+    rows = []
+    for setting in ns.sweeps:
+        sweep, _, segments = setting.partition("x")
+        solver = dataclasses.replace(
+            kernel.solver,
+            atol=atol,
+            rtol=rtol,
+            sweep=int(sweep),
+            segments=int(segments) if segments else None,
+            sweep_after=ns.sweep_after,
+        )
+        rows += _report(name, ns, step_fn, u0, tape_u, solver, atol, rtol)
+    return rows
+
+
+def _report(name, ns, step_fn, u0, tape_u, solver, atol, rtol) -> list[dict]:
     iterates = jax.jit(
         lambda u, t: newton_iterates(
             step_fn, u, t, jax.random.PRNGKey(7), ns.iterations, solver
@@ -94,13 +119,20 @@ def run_model(name: str, ns) -> list[dict]:
         row = {
             "model": name,
             "dtype": str(u0.dtype),
+            "sweep": solver.sweep,
+            "segments": solver.num_segments(ns.block_size) if solver.sweep else 0,
+            "sweep_after": solver.sweep_after,
             "iteration": k + 1,
             "front": int(failing[0]) if failing.size else ns.block_size,
             "failing": int(failing.size),
+            # stretches of failing steps: runs separated by more than 50 passing
+            "stretches": int(1 + np.sum(np.diff(failing) > 50)) if failing.size else 0,
             "max_residual": float(error.max()),
         }
         print(row, flush=True)
         rows.append(row)
+        if ns.stop and not failing.size:
+            break
     return rows
 
 
@@ -116,6 +148,19 @@ def main(argv=None):
     parser.add_argument(
         "--x64", action="store_true", help="solve in float64 after a float32 warmup"
     )
+    parser.add_argument(
+        "--sweeps",
+        nargs="+",
+        default=["0"],
+        help="sweep settings to solve the block with, each K (K sequential steps "
+        "per segment, block_size // K segments) or KxM (M segments); 0: none",
+    )
+    parser.add_argument("--sweep-after", type=int, default=0)
+    parser.add_argument(
+        "--stop",
+        action="store_true",
+        help="stop reporting after the first iteration at which every step passes",
+    )
     parser.add_argument("--json", default="benchmarks/results/front_progress.json")
     ns = parser.parse_args(argv)
     rows = []
@@ -123,13 +168,17 @@ def main(argv=None):
         rows += run_model(name, ns)
     write_json(ns.json, {"machine": machine_info(), "args": vars(ns), "rows": rows})
     print(f"\nB = {ns.block_size}, {'float64' if ns.x64 else 'float32'} solve")
-    print("| model | iteration | front | failing steps | max residual |")
-    print("|---|---|---|---|---|")
+    print("| model | sweep x segments (after) | iterations until every step passes |")
+    print("|---|---|---|")
+    settings = {}
     for r in rows:
-        print(
-            f"| {r['model']} | {r['iteration']} | {r['front']} | {r['failing']} "
-            f"| {r['max_residual']:.1e} |"
-        )
+        key = (r["model"], r["sweep"], r["segments"], r["sweep_after"])
+        settings.setdefault(key, None)
+        if r["failing"] == 0 and settings[key] is None:
+            settings[key] = r["iteration"]
+    for (model, sweep, segments, after), done in settings.items():
+        its = done if done is not None else f"> {ns.iterations}"
+        print(f"| {model} | {sweep} x {segments} ({after}) | {its} |")
 
 
 if __name__ == "__main__":
