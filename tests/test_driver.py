@@ -220,7 +220,9 @@ def test_unconverged_blocks_fall_back_and_warn():
     # what the warning says to do to make it an error works
     with warnings.catch_warnings():
         warnings.simplefilter("error", DEERConvergenceWarning)
-        with pytest.raises(DEERConvergenceWarning, match="num_warmup.*sweep=16.*simplefilter"):
+        with pytest.raises(
+            DEERConvergenceWarning, match="num_warmup.*sweep=16.*simplefilter"
+        ):
             mcmc.run(jax.random.PRNGKey(6), *args, **kwargs)
 
 
