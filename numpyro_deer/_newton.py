@@ -87,31 +87,25 @@ class DEERSolver:
     sweep_after: int = 0
 
     def __post_init__(self):
-        for name in ("max_iter", "max_solves"):
-            value = getattr(self, name)
-            if not (isinstance(value, int) and value >= 1):
-                raise ValueError(f"DEERSolver({name}={value!r}): use an integer >= 1.")
-        if not (isinstance(self.sweep, int) and self.sweep >= 0):
-            raise ValueError(f"DEERSolver(sweep={self.sweep!r}): use an integer >= 0.")
-        if not (isinstance(self.sweep_after, int) and self.sweep_after >= 0):
-            raise ValueError(
-                f"DEERSolver(sweep_after={self.sweep_after!r}): use an integer >= 0."
-            )
-        if self.segments is not None and not (
-            isinstance(self.segments, int) and self.segments >= 1
+        # integer settings: (name, smallest value, whether None is allowed)
+        for name, low, optional in (
+            ("max_iter", 1, False),
+            ("max_solves", 1, False),
+            ("sweep", 0, False),
+            ("sweep_after", 0, False),
+            ("segments", 1, True),
+            ("window", 1, True),
         ):
-            raise ValueError(
-                f"DEERSolver(segments={self.segments!r}): use None or an integer >= 1."
-            )
+            value = getattr(self, name)
+            if optional and value is None:
+                continue
+            if not (isinstance(value, int) and value >= low):
+                allowed = f"an integer >= {low}"
+                allowed = f"None or {allowed}" if optional else allowed
+                raise ValueError(f"DEERSolver({name}={value!r}): use {allowed}.")
         if not 0.0 <= self.damping < 1.0:
             raise ValueError(
                 f"DEERSolver(damping={self.damping!r}): damping must be in [0, 1)."
-            )
-        if self.window is not None and not (
-            isinstance(self.window, int) and self.window >= 1
-        ):
-            raise ValueError(
-                f"DEERSolver(window={self.window!r}): use None or an integer >= 1."
             )
         for name in ("atol", "rtol"):
             value = getattr(self, name)
@@ -287,9 +281,12 @@ def _newton_iteration(
         iteration=carry.iteration + 1,
         residual=residual,
         nonfinite=nonfinite,
+        # the test by step, for the next sweep's local fronts (none without)
         passed=jax.lax.dynamic_update_slice_in_dim(
             carry.passed, passed & valid, start, 0
-        ),
+        )
+        if solver.sweep
+        else carry.passed,
     )
 
 
