@@ -94,11 +94,12 @@ def run_model(name: str, ns) -> list[dict]:
             segments=int(segments) if segments else None,
             sweep_after=ns.sweep_after,
         )
-        rows += _report(name, ns, step_fn, u0, tape_u, solver, atol, rtol)
+        rows += _report(name, ns, step_fn, u0, tape_u, solver)
     return rows
 
 
-def _report(name, ns, step_fn, u0, tape_u, solver, atol, rtol) -> list[dict]:
+def _report(name, ns, step_fn, u0, tape_u, solver) -> list[dict]:
+    atol, rtol = solver.atol, solver.rtol  # float32's, set by run_model
     iterates = jax.jit(
         lambda u, t: newton_iterates(
             step_fn, u, t, jax.random.PRNGKey(7), ns.iterations, solver
