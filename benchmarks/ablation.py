@@ -109,10 +109,6 @@ VARIANTS: dict[str, dict] = {
     # the sweep only after the first 20 iterations of a block
     "sweep=8+after=20": {"sweep": 8, "sweep_after": 20},
     "sweep=16+after=20": {"sweep": 16, "sweep_after": 20},
-    # the default sweep (8 after 20) doubling in length every n iterations
-    "doubling=10": {"sweep_doubling": 10},
-    "doubling=20": {"sweep_doubling": 20},
-    "doubling=40": {"sweep_doubling": 40},
 }
 
 

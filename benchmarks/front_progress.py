@@ -93,7 +93,6 @@ def run_model(name: str, ns) -> list[dict]:
             sweep=int(sweep),
             segments=int(segments) if segments else None,
             sweep_after=ns.sweep_after,
-            sweep_doubling=ns.sweep_doubling,
         )
         rows += _report(name, ns, step_fn, u0, tape_u, solver)
     return rows
@@ -124,7 +123,6 @@ def _report(name, ns, step_fn, u0, tape_u, solver) -> list[dict]:
             "sweep": solver.sweep,
             "segments": solver.num_segments(ns.block_size) if solver.sweep else 0,
             "sweep_after": solver.sweep_after,
-            "sweep_doubling": solver.sweep_doubling,
             "iteration": k + 1,
             "front": int(failing[0]) if failing.size else ns.block_size,
             "failing": int(failing.size),
@@ -160,12 +158,6 @@ def main(argv=None):
     )
     parser.add_argument("--sweep-after", type=int, default=0)
     parser.add_argument(
-        "--sweep-doubling",
-        type=int,
-        default=0,
-        help="the sweep's length doubles every N iterations after --sweep-after",
-    )
-    parser.add_argument(
         "--stop",
         action="store_true",
         help="stop reporting after the first iteration at which every step passes",
@@ -177,26 +169,17 @@ def main(argv=None):
         rows += run_model(name, ns)
     write_json(ns.json, {"machine": machine_info(), "args": vars(ns), "rows": rows})
     print(f"\nB = {ns.block_size}, {'float64' if ns.x64 else 'float32'} solve")
-    print(
-        "| model | sweep x segments (after, doubling) "
-        "| iterations until every step passes |"
-    )
+    print("| model | sweep x segments (after) | iterations until every step passes |")
     print("|---|---|---|")
     settings = {}
     for r in rows:
-        key = (
-            r["model"],
-            r["sweep"],
-            r["segments"],
-            r["sweep_after"],
-            r["sweep_doubling"],
-        )
+        key = (r["model"], r["sweep"], r["segments"], r["sweep_after"])
         settings.setdefault(key, None)
         if r["failing"] == 0 and settings[key] is None:
             settings[key] = r["iteration"]
-    for (model, sweep, segments, after, doubling), done in settings.items():
+    for (model, sweep, segments, after), done in settings.items():
         its = done if done is not None else f"> {ns.iterations}"
-        print(f"| {model} | {sweep} x {segments} ({after}, {doubling}) | {its} |")
+        print(f"| {model} | {sweep} x {segments} ({after}) | {its} |")
 
 
 if __name__ == "__main__":

@@ -18,8 +18,7 @@
 # constants), "hessian", "hessian-sv", "hessian-b" (the Hessian mass
 # matrix), "dense" (the dense Jacobian with a TF32 scan), "auto" (the suite
 # with the Hessian mass as the default), "sweep" / "sweep-b" / "sweep-c"
-# (sequential segments from the front and the local fronts), "sweep-d" (the
-# sweep doubling in length). OUTDIR receives the JSON files and logs. BlackJAX is used when
+# (sequential segments from the front and the local fronts). OUTDIR receives the JSON files and logs. BlackJAX is used when
 # importable (carry its wheel; see benchmarks/README.md).
 set -uo pipefail
 stage=$1
@@ -285,14 +284,6 @@ sweep-c)
     run 540 ablation_sweep3 benchmarks/ablation.py --block-size 16384 \
         --blocks 2 --variants sweep=16+after=20 sweep=8+after=20 \
         --time-budget 470 --json "$out/ablation_sweep3_h200.json"
-    ;;
-sweep-d)
-    # the default sweep doubling in length every 10 or 20 iterations, on the
-    # three models whose blocks run it
-    run 570 ablation_doubling benchmarks/ablation.py --block-size 16384 \
-        --blocks 2 --models eight_schools hierarchical_logistic_regression \
-        stochastic_volatility --variants doubling=20 doubling=10 baseline \
-        --time-budget 500 --json "$out/ablation_doubling_h200.json"
     ;;
 *)
     echo "unknown stage $stage" >&2

@@ -142,9 +142,6 @@ class DEERMALA(MCMCKernel):
         sweep_segments: how many segments a sweep runs side by side
             (``None``: ``block_size // sweep``).
         sweep_after: Newton iterations of a block before its sweeps start.
-        sweep_doubling: the sweep's length doubles every ``sweep_doubling``
-            Newton iterations after ``sweep_after``, up to ``block_size``
-            (``0``: it stays ``sweep``).
         initial_guess: the iterate each solve starts from: ``"start"`` (the
             block's first state repeated) or ``"previous"`` (the previous
             block's draws; the first block after warmup uses the start). It
@@ -203,7 +200,6 @@ class DEERMALA(MCMCKernel):
         sweep: int = 8,
         sweep_segments: int | None = None,
         sweep_after: int = 20,
-        sweep_doubling: int = 0,
         initial_guess: str = "start",
         solve_basis: str = "auto",
         method: str = "deer",
@@ -246,7 +242,6 @@ class DEERMALA(MCMCKernel):
             sweep=sweep,
             segments=sweep_segments,
             sweep_after=sweep_after,
-            sweep_doubling=sweep_doubling,
         )
         if method not in ("deer", "sequential"):
             raise ValueError(

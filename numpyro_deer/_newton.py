@@ -73,9 +73,6 @@ class DEERSolver:
         sweep_after: iterations of a solve before the sweep starts (``0``:
             from the first); blocks that converge within them never pay for
             it.
-        sweep_doubling: the sweep's length doubles every ``sweep_doubling``
-            iterations after ``sweep_after`` (``0``: it stays ``sweep``), up
-            to the window's length.
     """
 
     jacobian: JacobianStrategy = field(default_factory=StochasticDiagonalJacobian)
@@ -88,7 +85,6 @@ class DEERSolver:
     sweep: int = 0
     segments: int | None = None
     sweep_after: int = 0
-    sweep_doubling: int = 0
 
     def __post_init__(self):
         # integer settings: (name, smallest value, whether None is allowed)
@@ -97,7 +93,6 @@ class DEERSolver:
             ("max_solves", 1, False),
             ("sweep", 0, False),
             ("sweep_after", 0, False),
-            ("sweep_doubling", 0, False),
             ("segments", 1, True),
             ("window", 1, True),
         ):
@@ -123,19 +118,6 @@ class DEERSolver:
         as many steps as the Newton iteration), at most ``window``."""
         segments = self.segments or window // max(self.sweep, 1)
         return max(1, min(segments, window))
-
-    def sweep_length(self, iteration: Array, window: int) -> Array:
-        """Sequential steps per segment in iteration ``iteration`` (traced):
-        none before ``sweep_after``, then ``sweep``, doubled every
-        ``sweep_doubling`` iterations, at most ``window``."""
-        late = iteration - self.sweep_after
-        length = jnp.asarray(self.sweep, jnp.int32)
-        if self.sweep_doubling and self.sweep:
-            # enough doublings to cover the window, no more (no overflow)
-            most = max(window // self.sweep, 1).bit_length()
-            doublings = jnp.clip(late // self.sweep_doubling, 0, most)
-            length = jnp.minimum(length << doublings, window)
-        return jnp.where(late >= 0, length, 0)
 
     def tolerances(self, dtype) -> tuple[float, float]:
         """``(atol, rtol)`` for the given dtype."""
@@ -217,18 +199,24 @@ def _newton_iteration(
         )
         segments = solver.num_segments(window)
 
-        passes = solver.sweep_length(carry.iteration, window)
-
-        def sweep(states):
+        def sweep(states, passes=None):
             starts = sweep_starts(front, carry.iteration, carry.passed, segments)
-            return sweep_segments(sequential, states, tape, starts, num_steps, passes)
+            return sweep_segments(
+                sequential, states, tape, starts, num_steps, solver.sweep, passes
+            )
 
         if solver.sweep_after:
             # Counted from the start of the block's solve. Under vmap (chains
             # solved together) the cond becomes a select that runs the sweep
             # for every chain; its traced pass count then makes it run only
             # as many passes as the chain furthest on needs (none early on).
-            states = jax.lax.cond(passes > 0, sweep, lambda s: s, carry.states)
+            late = carry.iteration >= solver.sweep_after
+            states = jax.lax.cond(
+                late,
+                lambda states: sweep(states, jnp.where(late, solver.sweep, 0)),
+                lambda states: states,
+                carry.states,
+            )
         else:
             states = sweep(carry.states)
         carry = carry._replace(states=states)

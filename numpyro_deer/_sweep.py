@@ -92,42 +92,47 @@ def sweep_segments(
     tape: Any,
     starts: Array,
     num_steps: int,
-    passes: Array | int,
+    length: int,
+    passes: Array | int | None = None,
 ) -> Array:
-    """``states`` with up to ``passes`` sequential steps from each start.
+    """``states`` with ``length`` sequential steps from each start.
 
     ``states[t]`` is ``s_t`` (``states[0] = s_0``). The segment from start
-    ``b`` sets ``s_{b+j+1} = f_{b+j}(s_{b+j})`` for ``j < passes``, stopping
+    ``b`` sets ``s_{b+j+1} = f_{b+j}(s_{b+j})`` for ``j < length``, stopping
     before the next start and at the end of the block; the segments run side
-    by side (one batch of ``len(starts)`` per sequential step). ``passes`` may
-    be traced: a loop with a traced trip count, so under ``vmap`` it runs as
-    many passes as the largest ``passes`` of the batch, none if all are zero.
-    Each pass gathers its tape entries and scatters its states, so nothing
-    of size ``segments x passes`` is allocated.
+    by side (one batch of ``len(starts)`` per sequential step). ``passes``
+    (at most ``length``, possibly traced) stops all segments after that many
+    steps: a loop with a traced trip count, so under ``vmap`` it runs as many
+    passes as the largest ``passes`` of the batch, none if all are zero.
     """
+    passes = length if passes is None else passes
     next_start = jnp.concatenate([starts[1:], jnp.full((1,), num_steps, starts.dtype)])
     stop = jnp.minimum(next_start, num_steps)  # a segment computes steps < stop
-    past = states.shape[0]  # a scatter index that goes nowhere
+    steps = starts[:, None] + jnp.arange(length)  # (segments, length)
+    live = (steps < stop[:, None]) & (jnp.arange(length) < passes)
+    tape_seg = jax.tree.map(
+        lambda leaf: jnp.take(leaf, steps, axis=0, mode="clip"), tape
+    )
 
     def body(j, carry):
-        c, x, states = carry
-        step = starts + j
-        live = step < stop
-        tape_j = jax.tree.map(
-            lambda leaf: jnp.take(leaf, step, axis=0, mode="clip"), tape
-        )
+        c, x, out = carry
+        tape_j = jax.tree.map(lambda leaf: leaf[:, j], tape_seg)
         new_c, new_x = jax.vmap(sequential.step)(c, tape_j)
-        ok = live & jnp.all(jnp.isfinite(new_x), axis=-1)
+        ok = live[:, j] & jnp.all(jnp.isfinite(new_x), axis=-1)
 
         def keep(new, old):
             return jnp.where(ok.reshape((-1,) + (1,) * (new.ndim - 1)), new, old)
 
         x = keep(new_x, x)
-        # step t writes s_{t+1}; steps past a segment's stop go nowhere
-        states = states.at[jnp.where(live, step + 1, past)].set(x, mode="drop")
-        return jax.tree.map(keep, new_c, c), x, states
+        out = jax.lax.dynamic_update_index_in_dim(out, x, j, 1)
+        return jax.tree.map(keep, new_c, c), x, out
 
     x0 = jnp.take(states, starts, axis=0, mode="clip")
-    init = (jax.vmap(sequential.init)(x0), x0, states)
-    _, _, states = jax.lax.fori_loop(0, passes, body, init)
-    return states
+    out = jnp.zeros(steps.shape + states.shape[1:], states.dtype)
+    init = (jax.vmap(sequential.init)(x0), x0, out)
+    _, _, out = jax.lax.fori_loop(0, passes, body, init)  # (segments, length, D)
+    # step t writes s_{t+1}; steps not computed go nowhere
+    target = jnp.where(live, steps + 1, states.shape[0])
+    return states.at[target.reshape(-1)].set(
+        out.reshape((-1,) + states.shape[1:]), mode="drop"
+    )

@@ -612,43 +612,6 @@ def test_swept_solve_equals_sequential_even_at_zero_tolerance(targets, window):
     assert_array_equal(aux.accepted, target.seq_info.accepted)
 
 
-def test_sweep_length_doubles_after_sweep_after_up_to_the_window():
-    solver = DEERSolver(sweep=4, sweep_after=3, sweep_doubling=2)
-    lengths = [int(solver.sweep_length(jnp.asarray(i), 50)) for i in range(14)]
-    # none for 3 iterations, then 4, 8, 16, 32 for two iterations each, then
-    # the window (50), never more
-    assert lengths == [0, 0, 0, 4, 4, 8, 8, 16, 16, 32, 32, 50, 50, 50]
-    fixed = DEERSolver(sweep=4, sweep_after=3)
-    assert [int(fixed.sweep_length(jnp.asarray(i), 50)) for i in (2, 3, 40)] == [
-        0,
-        4,
-        4,
-    ]
-
-
-def test_doubling_sweep_finishes_any_block_in_logarithmically_many_iterations(
-    targets,
-):
-    # zero tolerances: a step passes only where reproduced bit for bit, so the
-    # Newton steps certify next to nothing and the front is what the sweep
-    # brings: 2 + 1, 4 + 1, 8 + 1, ... steps, B = 256 within 8 iterations
-    target = targets["corr_gauss"]
-    solver = DEERSolver(
-        DiagonalJacobian(),
-        atol=0.0,
-        rtol=0.0,
-        max_iter=2 * B,
-        sweep=2,
-        sweep_doubling=1,
-    )
-    states, aux, info = _run(_jitted_solve(target.step_fn(), solver), target)
-
-    assert bool(info.converged)
-    assert int(info.iterations) <= int(np.log2(B))
-    assert_allclose(states, target.seq_states, **MATCH)
-    assert_array_equal(aux.accepted, target.seq_info.accepted)
-
-
 # -------------------------------------------------------------------- validation
 @pytest.mark.parametrize(
     "build, name",
@@ -662,7 +625,6 @@ def test_doubling_sweep_finishes_any_block_in_logarithmically_many_iterations(
         (lambda: DEERSolver(sweep=2.5), "sweep"),
         (lambda: DEERSolver(sweep=4, segments=0), "segments"),
         (lambda: DEERSolver(sweep=4, sweep_after=-1), "sweep_after"),
-        (lambda: DEERSolver(sweep=4, sweep_doubling=-1), "sweep_doubling"),
         (lambda: DEERSolver(atol=-1e-6), "atol"),
         (lambda: DEERSolver(rtol=-1e-6), "rtol"),
         (lambda: StochasticDiagonalJacobian(num_probes=0), "num_probes"),
