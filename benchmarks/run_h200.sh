@@ -18,7 +18,8 @@
 # constants), "hessian", "hessian-sv", "hessian-b" (the Hessian mass
 # matrix), "dense" (the dense Jacobian with a TF32 scan), "auto" (the suite
 # with the Hessian mass as the default), "sweep" / "sweep-b" / "sweep-c"
-# (sequential segments from the front and the local fronts). OUTDIR receives the JSON files and logs. BlackJAX is used when
+# (sequential segments from the front and the local fronts), "vectorized"
+# (vectorized chains with and without the sweep). OUTDIR receives the JSON files and logs. BlackJAX is used when
 # importable (carry its wheel; see benchmarks/README.md).
 set -uo pipefail
 stage=$1
@@ -284,6 +285,15 @@ sweep-c)
     run 540 ablation_sweep3 benchmarks/ablation.py --block-size 16384 \
         --blocks 2 --variants sweep=16+after=20 sweep=8+after=20 \
         --time-budget 470 --json "$out/ablation_sweep3_h200.json"
+    ;;
+vectorized)
+    # four chains solved together (chain_method="vectorized") with and
+    # without the sweep, against one chain: a model whose blocks run the
+    # sweep, one whose blocks converge before it starts, and the larger one
+    run 400 vectorized_chains benchmarks/vectorized_chains.py --models \
+        eight_schools logistic_regression hierarchical_logistic_regression \
+        --chains 4 --block-size 16384 --blocks 2 --sweeps 0 8 \
+        --json "$out/vectorized_chains_h200.json"
     ;;
 *)
     echo "unknown stage $stage" >&2

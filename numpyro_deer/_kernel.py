@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections.abc import Callable
 from functools import partial
 from typing import Any
@@ -494,13 +495,16 @@ class DEERMALA(MCMCKernel):
         potential_flat = self._potential_flat(model_args, model_kwargs)
         ravel = lambda z: ravel_pytree(z)[0]  # noqa: E731
 
+        # chains solved together: the solver is told so (see DEERSolver.vmapped)
+        solver = dataclasses.replace(self._solver, vmapped=batched)
+
         def refill(s):
-            solver = self._solver if self._method == "deer" else None
+            solver_or_none = solver if self._method == "deer" else None
             return refill_block(
                 s,
                 potential_flat,
                 ravel,
-                solver,
+                solver_or_none,
                 self._gate,
                 self._initial_guess,
                 self._solve_basis,

@@ -73,6 +73,11 @@ class DEERSolver:
         sweep_after: iterations of a solve before the sweep starts (``0``:
             from the first); blocks that converge within them never pay for
             it.
+        vmapped: the solve runs under :func:`jax.vmap` (chains solved
+            together). The sweep is then held back by a traced step count
+            instead of a :func:`jax.lax.cond`, which ``vmap`` turns into a
+            select that runs it in every iteration for every chain. Changes
+            the cost, not the result.
     """
 
     jacobian: JacobianStrategy = field(default_factory=StochasticDiagonalJacobian)
@@ -85,6 +90,7 @@ class DEERSolver:
     sweep: int = 0
     segments: int | None = None
     sweep_after: int = 0
+    vmapped: bool = False
 
     def __post_init__(self):
         # integer settings: (name, smallest value, whether None is allowed)
@@ -205,20 +211,15 @@ def _newton_iteration(
                 sequential, states, tape, starts, num_steps, solver.sweep, passes
             )
 
-        if solver.sweep_after:
-            # Counted from the start of the block's solve. Under vmap (chains
-            # solved together) the cond becomes a select that runs the sweep
-            # for every chain; its traced pass count then makes it run only
-            # as many passes as the chain furthest on needs (none early on).
-            late = carry.iteration >= solver.sweep_after
-            states = jax.lax.cond(
-                late,
-                lambda states: sweep(states, jnp.where(late, solver.sweep, 0)),
-                lambda states: states,
-                carry.states,
-            )
-        else:
+        late = carry.iteration >= solver.sweep_after  # counted per block
+        if not solver.sweep_after:
             states = sweep(carry.states)
+        elif solver.vmapped:
+            # under vmap a cond is a select that runs the sweep in every
+            # iteration; a traced step count runs none until a chain needs it
+            states = sweep(carry.states, jnp.where(late, solver.sweep, 0))
+        else:
+            states = jax.lax.cond(late, sweep, lambda states: states, carry.states)
         carry = carry._replace(states=states)
 
     prev = jax.lax.dynamic_slice_in_dim(carry.states, start, window)

@@ -152,6 +152,36 @@ def test_deer_and_sequential_methods_give_the_same_chain():
         np.testing.assert_allclose(other, draws[0], atol=1e-8)
 
 
+def test_vectorized_chains_with_the_sweep_are_the_sequential_chains():
+    # chains solved together hold the sweep back by a traced step count
+    # (DEERSolver.vmapped); the draws are each chain's sequential MALA chain
+    args, kwargs = gaussian_data(0.5)
+    draws = []
+    for method in ("sequential", "deer"):
+        kernel = DEERMALA(
+            gaussian_mean_model,
+            block_size=64,
+            method=method,
+            sweep=4,
+            sweep_after=1,
+            atol=1e-12,
+            rtol=1e-10,
+        )
+        mcmc = MCMC(
+            kernel,
+            num_warmup=50,
+            num_samples=128,
+            num_chains=2,
+            chain_method="vectorized",
+            progress_bar=False,
+        )
+        mcmc.run(jax.random.PRNGKey(6), *args, **kwargs)
+        draws.append(mcmc.get_samples(group_by_chain=True)["mu"])
+    assert draws[1].shape == (2, 128)
+    assert not np.allclose(draws[1][0], draws[1][1])
+    np.testing.assert_allclose(draws[1], draws[0], atol=1e-8)
+
+
 def test_hessian_basis_gives_the_same_chain_in_fewer_iterations():
     # On a correlated Gaussian the step Jacobian I - eps H is exactly diagonal
     # in the eigenbasis of H, so the diagonal estimate is exact there: the

@@ -479,7 +479,9 @@ def test_sweep_starts_are_past_the_front_then_local_fronts():
     assert_array_equal(np.asarray(first), [3, 7, 9, 10])
 
 
-def test_sweep_segments_are_sequential_and_stop_at_the_next_start():
+@pytest.mark.parametrize("passes", [None, 3])
+def test_sweep_segments_are_sequential_and_stop_at_the_next_start(passes):
+    # passes=None: a static loop of 5 steps; passes=3: a traced step count
     from numpyro_deer._sweep import plain_sequential_step, sweep_segments
 
     def step_fn(x, tape_t):  # s_t = 2 s_{t-1} + c_t
@@ -490,19 +492,21 @@ def test_sweep_segments_are_sequential_and_stop_at_the_next_start():
     states = jnp.full((num_steps + 1, 1), -1.0).at[0].set(0.0)
     starts = jnp.array([0, 3, 11, num_steps])
     sequential = plain_sequential_step(step_fn)
-    out = sweep_segments(sequential, states, tape, starts, num_steps, 5)
+    traced = None if passes is None else jnp.asarray(passes)
+    out = sweep_segments(sequential, states, tape, starts, num_steps, 5, traced)
     out = np.asarray(out)[:, 0]
 
     # the segments run side by side, each from the iterate's state at its start
+    steps = 5 if passes is None else passes
     before = np.asarray(states)[:, 0]
     expected = before.copy()
-    for begin, stop in ((0, 3), (3, 8), (11, 12)):  # stop: next start, length, end
+    for begin, stop in ((0, 3), (3, 3 + steps), (11, 12)):  # next start, length, end
         x = before[begin]
         for t in range(begin, stop):
             x = 2.0 * x + float(tape[t, 0])
             expected[t + 1] = x
     assert_array_equal(out, expected)
-    assert out[9] == -1.0  # past the second segment's 5 steps: untouched
+    assert out[3 + steps + 1] == -1.0  # past the second segment's steps: untouched
 
 
 def test_sweep_keeps_the_chain_and_moves_the_front_by_sweep_plus_one(targets):
@@ -541,11 +545,13 @@ def test_sweep_after_holds_the_sweep_back(targets):
     assert fronts[0] > fronts[1] > fronts[3]
 
 
-def test_vmapped_solves_with_a_held_back_sweep_are_each_chain(targets):
+@pytest.mark.parametrize("vmapped", [False, True])
+def test_vmapped_solves_with_a_held_back_sweep_are_each_chain(targets, vmapped):
     # chains solved together: the cond holding the sweep back is a select
-    # under vmap, and the sweep's pass count differs between the chains
+    # under vmap (vmapped=False), or the sweep's step count is traced and
+    # differs between the chains (vmapped=True)
     target = targets["corr_gauss"]
-    solver = _solver(DiagonalJacobian(), sweep=SWEEP, sweep_after=2)
+    solver = _solver(DiagonalJacobian(), sweep=SWEEP, sweep_after=2, vmapped=vmapped)
     step_fn = target.step_fn()
     x0s = jnp.stack([jnp.asarray(target.x0), -2.0 * jnp.asarray(target.x0)])
     solve = _jit(
