@@ -35,6 +35,8 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -59,17 +61,36 @@ def _as64(tree):
     return jax.tree.map(cast, tree)
 
 
-def run_model(name: str, ns) -> list[dict]:
+class FirstBlock(NamedTuple):
+    """The first block after warmup, in the solve basis the kernel uses."""
+
+    kernel: DEERMALA
+    potential: Callable  # in the rotated (Hessian-basis) coordinates
+    u0: jax.Array
+    tape: Any
+    step_size: jax.Array
+
+
+def first_block(
+    name: str,
+    block_size: int,
+    num_warmup: int | None = None,
+    target: float | None = None,
+    x64: bool = False,
+) -> FirstBlock:
+    """Warm ``name`` up with the package defaults (``target``: another
+    ``target_accept_prob``), draw one tape of ``block_size`` steps and rotate
+    the problem to the Hessian solve basis, as ``refill_block`` does."""
     spec = BENCHMARK_MODELS[name]
     args, kwargs = spec.make_data(0)
     state = _warmup(
-        spec.model, args, kwargs, warmup_steps(spec, ns.warmup), "auto", None, 0
+        spec.model, args, kwargs, warmup_steps(spec, num_warmup), "auto", target, 0
     )
-    kernel = DEERMALA(spec.model, block_size=ns.block_size)
+    kernel = DEERMALA(spec.model, block_size=block_size)
     kernel.init(jax.random.PRNGKey(1), 0, state.z, args, kwargs)
     dim = ravel_pytree(state.z)[0].shape[0]
-    tape = make_tape(jax.random.PRNGKey(5), ns.block_size, dim, jnp.float32)
-    if ns.x64:
+    tape = make_tape(jax.random.PRNGKey(5), block_size, dim, jnp.float32)
+    if x64:
         jax.config.update("jax_enable_x64", True)
         state, tape = _as64(state), _as64(tape)
     potential = kernel._potential_flat(args, kwargs)
@@ -79,8 +100,16 @@ def run_model(name: str, ns) -> list[dict]:
     points = jax.vmap(lambda x: blk._to_w(mass_sqrt, x))(state.curvature_points)
     basis = blk.curvature_basis(potential_w, points)
     potential_u, tape_u = blk._rotate(potential_w, tape, basis)
-    u0 = basis.T @ w0
-    step_fn = make_step_fn(potential_u, state.adapt_state.step_size, None, HardGate())
+    return FirstBlock(
+        kernel, potential_u, basis.T @ w0, tape_u, state.adapt_state.step_size
+    )
+
+
+def run_model(name: str, ns) -> list[dict]:
+    kernel, potential_u, u0, tape_u, step_size = first_block(
+        name, ns.block_size, ns.warmup, x64=ns.x64
+    )
+    step_fn = make_step_fn(potential_u, step_size, None, HardGate())
     # float32's tolerances in both cases, for the test and for the freezing
     atol, rtol = kernel.solver.tolerances(jnp.float32)
     rows = []
