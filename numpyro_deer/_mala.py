@@ -227,7 +227,7 @@ def make_step_fn(
     step = _carried_step(potential_fn, step_size, mass_sqrt, gate)
 
     def step_fn(x: Array, tape_t: MALATape) -> tuple[Array, StepInfo]:
-        (x_new, _, _), info = step((x, *jax.value_and_grad(potential_fn)(x)), tape_t)
+        (x_new, _, _), info = step(_carry_at(potential_fn, x), tape_t)
         return x_new, info
 
     return step_fn
@@ -247,13 +247,18 @@ def make_sequential_step(
     step = _carried_step(potential_fn, step_size, mass_sqrt, gate)
 
     def init(x):
-        return (x, *jax.value_and_grad(potential_fn)(x))
+        return _carry_at(potential_fn, x)
 
     def advance(carry, tape_t):
         carry, _ = step(carry, tape_t)
         return carry, carry[0]
 
     return SequentialStep(init, advance)
+
+
+def _carry_at(potential_fn: PotentialFn, x: Array) -> tuple[Array, Array, Array]:
+    """``(x, U(x), grad U(x))``: what :func:`_carried_step` carries."""
+    return (x, *jax.value_and_grad(potential_fn)(x))
 
 
 def _carried_step(potential_fn, step_size, mass_sqrt, gate: Gate = HardGate()):
@@ -304,8 +309,7 @@ def sequential_chain(
         carry, info = step(carry, tape_t)
         return carry, (carry[0], info)
 
-    potential0, grad0 = jax.value_and_grad(potential_fn)(x0)
-    _, (states, infos) = jax.lax.scan(body, (x0, potential0, grad0), tape)
+    _, (states, infos) = jax.lax.scan(body, _carry_at(potential_fn, x0), tape)
     return states, infos
 
 
@@ -329,8 +333,6 @@ def finish_chain(
     """
     num_steps = states.shape[0]
     x_start = jnp.where(start > 0, states[jnp.maximum(start - 1, 0)], x0)
-    potential0, grad0 = jax.value_and_grad(potential_fn)(x_start)
-
     step = _carried_step(potential_fn, step_size, None)
 
     def body(t, carry):
@@ -340,6 +342,6 @@ def finish_chain(
         infos = jax.tree.map(lambda a, v: a.at[t].set(v), infos, info)
         return chain, states, infos
 
-    carry = ((x_start, potential0, grad0), states, infos)
+    carry = (_carry_at(potential_fn, x_start), states, infos)
     _, states, infos = jax.lax.fori_loop(start, num_steps, body, carry)
     return states, infos
