@@ -20,8 +20,7 @@ settings, not of the device, so this diagnostic runs on a CPU::
 
 ``--sweeps`` solves the same block with other sweep settings (``K`` or
 ``KxM``: ``K`` sequential steps per segment, ``M`` segments; ``0``: none, the
-default, whatever the kernel's default; a suffix ``+L`` adds ``L`` sequential
-steps from the front, ``sweep_front=L``), e.g.::
+default, whatever the kernel's default), e.g.::
 
     PYTHONPATH=. python benchmarks/front_progress.py --models eight_schools \
         --block-size 16384 --iterations 90 --every 1 --stop \
@@ -115,7 +114,6 @@ def run_model(name: str, ns) -> list[dict]:
     atol, rtol = kernel.solver.tolerances(jnp.float32)
     rows = []
     for setting in ns.sweeps:
-        setting, _, tail = setting.partition("+")
         sweep, _, segments = setting.partition("x")
         solver = dataclasses.replace(
             kernel.solver,
@@ -124,7 +122,6 @@ def run_model(name: str, ns) -> list[dict]:
             sweep=int(sweep),
             segments=int(segments) if segments else None,
             sweep_after=ns.sweep_after,
-            sweep_front=int(tail or 0),
         )
         rows += _report(name, ns, step_fn, u0, tape_u, solver)
     return rows
@@ -155,7 +152,6 @@ def _report(name, ns, step_fn, u0, tape_u, solver) -> list[dict]:
             "sweep": solver.sweep,
             "segments": solver.num_segments(ns.block_size) if solver.sweep else 0,
             "sweep_after": solver.sweep_after,
-            "sweep_front": solver.sweep_front,
             "iteration": k + 1,
             "front": int(failing[0]) if failing.size else ns.block_size,
             "failing": int(failing.size),
@@ -187,8 +183,7 @@ def main(argv=None):
         nargs="+",
         default=["0"],
         help="sweep settings to solve the block with, each K (K sequential steps "
-        "per segment, block_size // K segments) or KxM (M segments), each with "
-        "an optional +L (sweep_front=L); 0: none",
+        "per segment, block_size // K segments) or KxM (M segments); 0: none",
     )
     parser.add_argument("--sweep-after", type=int, default=0)
     parser.add_argument(
@@ -203,23 +198,17 @@ def main(argv=None):
         rows += run_model(name, ns)
     write_json(ns.json, {"machine": machine_info(), "args": vars(ns), "rows": rows})
     print(f"\nB = {ns.block_size}, {'float64' if ns.x64 else 'float32'} solve")
-    print("| model | sweep x segments (after) | front | iterations to pass |")
-    print("|---|---|---|---|")
+    print("| model | sweep x segments (after) | iterations until every step passes |")
+    print("|---|---|---|")
     settings = {}
     for r in rows:
-        key = (
-            r["model"],
-            r["sweep"],
-            r["segments"],
-            r["sweep_after"],
-            r["sweep_front"],
-        )
+        key = (r["model"], r["sweep"], r["segments"], r["sweep_after"])
         settings.setdefault(key, None)
         if r["failing"] == 0 and settings[key] is None:
             settings[key] = r["iteration"]
-    for (model, sweep, segments, after, tail), done in settings.items():
+    for (model, sweep, segments, after), done in settings.items():
         its = done if done is not None else f"> {ns.iterations}"
-        print(f"| {model} | {sweep} x {segments} ({after}) | {tail} | {its} |")
+        print(f"| {model} | {sweep} x {segments} ({after}) | {its} |")
 
 
 if __name__ == "__main__":

@@ -143,11 +143,6 @@ class DEERMALA(MCMCKernel):
         sweep_segments: how many segments a sweep runs side by side
             (``None``: ``block_size // sweep``).
         sweep_after: Newton iterations of a block before its sweeps start.
-        sweep_front: steps computed one after the other from the front in
-            each swept iteration, on top of the sweep (``0``: none). They
-            start from an exact state, so each such iteration certifies at
-            least ``sweep_front + 1`` steps, at the cost of ``sweep_front``
-            sequential steps.
         initial_guess: the iterate each solve starts from: ``"start"`` (the
             block's first state repeated) or ``"previous"`` (the previous
             block's draws; the first block after warmup uses the start). It
@@ -206,7 +201,6 @@ class DEERMALA(MCMCKernel):
         sweep: int = 8,
         sweep_segments: int | None = None,
         sweep_after: int = 20,
-        sweep_front: int = 0,
         initial_guess: str = "start",
         solve_basis: str = "auto",
         method: str = "deer",
@@ -249,7 +243,6 @@ class DEERMALA(MCMCKernel):
             sweep=sweep,
             segments=sweep_segments,
             sweep_after=sweep_after,
-            sweep_front=sweep_front,
         )
         if method not in ("deer", "sequential"):
             raise ValueError(

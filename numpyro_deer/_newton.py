@@ -73,11 +73,6 @@ class DEERSolver:
         sweep_after: iterations of a solve before the sweep starts (``0``:
             from the first); blocks that converge within them never pay for
             it.
-        sweep_front: steps computed one after the other from the front in
-            each swept iteration, on top of the sweep's segments (``0``:
-            none). They start from an exact state, so each such iteration
-            certifies at least ``sweep_front + 1`` steps; a step of one segment
-            costs about a sequential step, not a batched one.
         vmapped: the solve runs under :func:`jax.vmap` (chains solved
             together). The sweep is then held back by a traced step count
             instead of a :func:`jax.lax.cond`, which ``vmap`` turns into a
@@ -95,7 +90,6 @@ class DEERSolver:
     sweep: int = 0
     segments: int | None = None
     sweep_after: int = 0
-    sweep_front: int = 0
     vmapped: bool = False
 
     def __post_init__(self):
@@ -105,7 +99,6 @@ class DEERSolver:
             ("max_solves", 1, False),
             ("sweep", 0, False),
             ("sweep_after", 0, False),
-            ("sweep_front", 0, False),
             ("segments", 1, True),
             ("window", 1, True),
         ):
@@ -116,11 +109,6 @@ class DEERSolver:
                 allowed = f"an integer >= {low}"
                 allowed = f"None or {allowed}" if optional else allowed
                 raise ValueError(f"DEERSolver({name}={value!r}): use {allowed}.")
-        if self.sweep_front and not self.sweep:
-            raise ValueError(
-                f"DEERSolver(sweep_front={self.sweep_front!r}) is part of the "
-                "sweep: set sweep > 0 too, or sweep_front=0."
-            )
         if not 0.0 <= self.damping < 1.0:
             raise ValueError(
                 f"DEERSolver(damping={self.damping!r}): damping must be in [0, 1)."
@@ -219,18 +207,8 @@ def _newton_iteration(
 
         def sweep(states, passes=None):
             starts = sweep_starts(front, carry.iteration, carry.passed, segments)
-            states = sweep_segments(
-                sequential, states, tape, starts, num_steps, solver.sweep, passes
-            )
-            if not solver.sweep_front:
-                return states
-            # one segment, from one past the front to sweep_front steps on
-            length = solver.sweep_front
-            passes = None if passes is None else jnp.where(passes > 0, length, 0)
-            # (a second, empty segment: a batch of one may round differently)
-            only = starts.at[1:2].set(num_steps)[:2]
             return sweep_segments(
-                sequential, states, tape, only, num_steps, length, passes
+                sequential, states, tape, starts, num_steps, solver.sweep, passes
             )
 
         late = carry.iteration >= solver.sweep_after  # counted per block

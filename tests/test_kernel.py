@@ -133,8 +133,6 @@ def test_potential_fn_path_needs_init_params():
         ({"adapt_mass_matrix": "hessain"}, "adapt_mass_matrix='hessain'"),
         ({"sweep": -1}, "sweep"),
         ({"sweep": 4, "sweep_segments": 0}, "segments"),
-        ({"sweep": 0, "sweep_front": 64}, "sweep_front=64.*set sweep > 0"),
-        ({"sweep_front": -1}, "sweep_front"),
     ],
 )
 def test_bad_arguments_are_named(kwargs, match):

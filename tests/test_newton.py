@@ -545,33 +545,6 @@ def test_sweep_after_holds_the_sweep_back(targets):
     assert fronts[0] > fronts[1] > fronts[3]
 
 
-FRONT = 40
-
-
-def test_front_sweep_certifies_sweep_front_plus_one_steps_per_iteration(targets):
-    # sweep_front=FRONT: every swept iteration computes FRONT steps one after
-    # the other from one past the front, an exact state
-    target = targets["logreg"]
-    step_fn = target.step_fn()
-    fronts = {}
-    for length in (0, FRONT):
-        solver = _solver(
-            DiagonalJacobian(),
-            max_iter=3,
-            max_solves=1,
-            sweep=SWEEP,
-            sweep_after=1,
-            sweep_front=length,
-        )
-        states, _, info = _run(_jitted_solve(step_fn, solver), target)
-        fronts[length] = int(info.front)
-        assert_allclose(
-            states[: fronts[length]], target.seq_states[: fronts[length]], **MATCH
-        )
-    assert fronts[FRONT] >= 2 * (FRONT + 1)
-    assert fronts[FRONT] > fronts[0]
-
-
 @pytest.mark.parametrize("vmapped", [False, True])
 def test_vmapped_solves_with_a_held_back_sweep_are_each_chain(targets, vmapped):
     # chains solved together: the cond holding the sweep back is a select
@@ -623,8 +596,8 @@ def test_carried_sequential_step_is_the_chain(targets):
     assert_allclose(states, target.seq_states, **MATCH)
 
 
-@pytest.mark.parametrize("window, front", [(None, 0), (32, 0), (None, FRONT)])
-def test_swept_solve_equals_sequential_even_at_zero_tolerance(targets, window, front):
+@pytest.mark.parametrize("window", [None, 32])
+def test_swept_solve_equals_sequential_even_at_zero_tolerance(targets, window):
     # zero tolerances: a step freezes only when reproduced bit for bit, so a
     # sweep that undid the exact F_t at the front would stall the solve
     target = targets["corr_gauss"]
@@ -635,15 +608,12 @@ def test_swept_solve_equals_sequential_even_at_zero_tolerance(targets, window, f
         max_iter=2 * B,
         sweep=SWEEP,
         window=window,
-        sweep_front=front,
     )
     states, aux, info = _run(_jitted_solve(target.step_fn(), solver), target)
 
     assert bool(info.converged)
     assert int(info.solves) == 1
-    # every iteration certifies the steps from the front (sweep_front=0: the
-    # front's segment of the sweep)
-    assert int(info.iterations) <= B // (max(front, SWEEP) + 1) + 1
+    assert int(info.iterations) <= B // (SWEEP + 1) + 1
     assert_allclose(states, target.seq_states, **MATCH)
     assert_array_equal(aux.accepted, target.seq_info.accepted)
 
@@ -661,8 +631,6 @@ def test_swept_solve_equals_sequential_even_at_zero_tolerance(targets, window, f
         (lambda: DEERSolver(sweep=2.5), "sweep"),
         (lambda: DEERSolver(sweep=4, segments=0), "segments"),
         (lambda: DEERSolver(sweep=4, sweep_after=-1), "sweep_after"),
-        (lambda: DEERSolver(sweep=4, sweep_front=-1), "sweep_front"),
-        (lambda: DEERSolver(sweep_front=16), "sweep_front=16.*set sweep > 0"),
         (lambda: DEERSolver(atol=-1e-6), "atol"),
         (lambda: DEERSolver(rtol=-1e-6), "rtol"),
         (lambda: StochasticDiagonalJacobian(num_probes=0), "num_probes"),
