@@ -19,7 +19,8 @@
 # matrix), "dense" (the dense Jacobian with a TF32 scan), "auto" (the suite
 # with the Hessian mass as the default), "sweep" / "sweep-b" / "sweep-c"
 # (sequential segments from the front and the local fronts), "vectorized"
-# (vectorized chains with and without the sweep). OUTDIR receives the JSON files and logs. BlackJAX is used when
+# (vectorized chains with and without the sweep), "blocks8" (eight blocks of
+# 16,384 per model with the defaults and with sweep=0). OUTDIR receives the JSON files and logs. BlackJAX is used when
 # importable (carry its wheel; see benchmarks/README.md).
 set -uo pipefail
 stage=$1
@@ -285,6 +286,14 @@ sweep-c)
     run 540 ablation_sweep3 benchmarks/ablation.py --block-size 16384 \
         --blocks 2 --variants sweep=16+after=20 sweep=8+after=20 \
         --time-budget 470 --json "$out/ablation_sweep3_h200.json"
+    ;;
+blocks8)
+    # eight consecutive blocks of 16,384 on every model with the defaults
+    # (and without the sweep): the distribution of Newton iterations per
+    # block, and the speed-up over the sequential chain at T = 131,072
+    run 580 ablation_blocks8 benchmarks/ablation.py --block-size 16384 \
+        --blocks 8 --variants baseline sweep=0 --time-budget 500 \
+        --json "$out/ablation_blocks8_h200.json"
     ;;
 vectorized)
     # four chains solved together (chain_method="vectorized") with and
