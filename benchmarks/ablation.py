@@ -109,6 +109,8 @@ VARIANTS: dict[str, dict] = {
     # the sweep only after the first 20 iterations of a block
     "sweep=8+after=20": {"sweep": 8, "sweep_after": 20},
     "sweep=16+after=20": {"sweep": 16, "sweep_after": 20},
+    "sweep=32+after=20": {"sweep": 32, "sweep_after": 20},
+    "sweep=64+after=20": {"sweep": 64, "sweep_after": 20},
 }
 
 
