@@ -28,11 +28,11 @@ import argparse
 import warnings
 
 import _setup
+import common
 import jax
 import numpy as np
 
 import numpyro_deer
-from benchmarks import common
 
 EXTRA_FIELDS = ("newton_iterations", "deer_converged")
 

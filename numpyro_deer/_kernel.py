@@ -495,16 +495,18 @@ class DEERMALA(MCMCKernel):
         potential_flat = self._potential_flat(model_args, model_kwargs)
         ravel = lambda z: ravel_pytree(z)[0]  # noqa: E731
 
-        # chains solved together: the solver is told so (see DEERSolver.vmapped)
-        solver = dataclasses.replace(self._solver, vmapped=batched)
+        # None: the sequential method. Chains solved together: the solver is
+        # told so (see DEERSolver.vmapped).
+        solver = None
+        if self._method == "deer":
+            solver = dataclasses.replace(self._solver, vmapped=batched)
 
         def refill(s):
-            solver_or_none = solver if self._method == "deer" else None
             return refill_block(
                 s,
                 potential_flat,
                 ravel,
-                solver_or_none,
+                solver,
                 self._gate,
                 self._initial_guess,
                 self._solve_basis,
