@@ -11,7 +11,6 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 from jax.flatten_util import ravel_pytree
-from numpyro.infer.hmc_util import build_adaptation_schedule, warmup_adapter
 from numpyro.infer.initialization import init_to_uniform
 from numpyro.infer.mcmc import MCMCKernel
 from numpyro.infer.util import initialize_model
@@ -22,16 +21,16 @@ from ._block import (
     DEERMALAState,
     emit_draw,
     empty_block,
-    mass_matrix_sqrt,
     needs_refill,
-    record_warmup_draw,
     refill_block,
 )
 from ._checks import check_model, translate_tracer_errors
-from ._hessian_mass import hessian_window_end, resolve_mass_adaptation
+from ._hessian_mass import resolve_mass_adaptation
 from ._jacobian import JacobianStrategy, jacobian_from_name
-from ._mala import Gate, HardGate, SigmoidGate, make_step_fn, make_tape
+from ._mala import Gate, HardGate, SigmoidGate
+from ._memory import check_buffer_memory
 from ._newton import DEERSolver
+from ._warmup import build_adapter, warmup_step
 
 _GATES = {"hard": HardGate, "sigmoid": SigmoidGate}
 
@@ -327,36 +326,14 @@ class DEERMALA(MCMCKernel):
         return self._mass_adaptation
 
     def _adapter(self, potential_flat):
-        hessian = self._mass_adaptation == "hessian"
-        find_step_size = partial(
-            _find_reasonable_step_size, potential_flat, self._target_accept_prob
-        )
-        init, update = warmup_adapter(
+        return build_adapter(
+            potential_flat,
             self._num_warmup,
-            find_reasonable_step_size=find_step_size,
+            mass_adaptation=self._mass_adaptation,
+            dense_mass=self._dense_mass,
             adapt_step_size=self._adapt_step_size,
-            adapt_mass_matrix=bool(self._mass_adaptation),
-            dense_mass=self._dense_mass or hessian,
             target_accept_prob=self._target_accept_prob,
         )
-        if not hessian:
-            return init, lambda t, accept_prob, x, adapt, points: update(
-                t, accept_prob, (x,), adapt
-            )
-        num_windows = len(build_adaptation_schedule(self._num_warmup))
-
-        def update_hessian(t, accept_prob, x, adapt, points):
-            return hessian_window_end(
-                adapt,
-                update(t, accept_prob, (x,), adapt),
-                potential_flat,
-                points,
-                x,
-                num_windows,
-                find_step_size if self._adapt_step_size else None,
-            )
-
-        return init, update_hessian
 
     # -------------------------------------------------------------------- init
     def _init_model(self, rng_key, model_args, model_kwargs, init_params):
@@ -405,6 +382,12 @@ class DEERMALA(MCMCKernel):
         self._mass_adaptation = resolve_mass_adaptation(
             self._adapt_mass_matrix, self._dense_mass, flat.size
         )
+        check_buffer_memory(
+            self._block_size,
+            flat.size,
+            flat.dtype,
+            num_chains=rng_key.shape[0] if vectorized else 1,
+        )
         potential_flat = self._potential_flat(model_args, model_kwargs)
         wa_init, _ = self._adapter(potential_flat)
 
@@ -443,33 +426,6 @@ class DEERMALA(MCMCKernel):
         return state
 
     # ------------------------------------------------------------------ sample
-    def _warmup_step(self, potential_flat, wa_update, state):
-        rng_key, key_tape = jax.random.split(state.rng_key)
-        adapt = state.adapt_state
-        x = ravel_pytree(state.z)[0]
-        tape = make_tape(key_tape, 1, x.shape[0], x.dtype)
-        step_fn = make_step_fn(
-            potential_flat,
-            adapt.step_size,
-            mass_matrix_sqrt(adapt.inverse_mass_matrix),
-        )
-        x, info = step_fn(x, jax.tree.map(lambda v: v[0], tape))
-        i = state.i + 1
-        points = record_warmup_draw(state.curvature_points, i, self._num_warmup, x)
-        adapt = wa_update(state.i, info.accept_prob, x, adapt, points)
-        mean = state.mean_accept_prob + (info.accept_prob - state.mean_accept_prob) / i
-        return state._replace(
-            i=i,
-            z=self._unravel(x),
-            potential_energy=info.potential_energy,
-            accept_prob=info.accept_prob,
-            mean_accept_prob=mean,
-            diverging=info.diverging,
-            adapt_state=adapt,
-            rng_key=rng_key,
-            curvature_points=points,
-        )
-
     def _precision(self):
         if self._matmul_precision is None:
             return contextlib.nullcontext()
@@ -483,7 +439,13 @@ class DEERMALA(MCMCKernel):
     def _block_warmup(self, state, model_args, model_kwargs, batched):
         potential_flat = self._potential_flat(model_args, model_kwargs)
         _, wa_update = self._adapter(potential_flat)
-        step = partial(self._warmup_step, potential_flat, wa_update)
+        step = partial(
+            warmup_step,
+            potential_flat=potential_flat,
+            adapter_update=wa_update,
+            num_warmup=self._num_warmup,
+            unravel=self._unravel,
+        )
         return jax.vmap(step)(state) if batched else step(state)
 
     def block_refill(self, state, model_args, model_kwargs, batched=False):
@@ -575,33 +537,3 @@ def _check_initial_potential(potential_energy) -> None:
             "finite. Check the model's data and priors, or pass valid "
             "`init_params` (unconstrained values) or another `init_strategy`."
         )
-
-
-def _find_reasonable_step_size(
-    potential_flat, target, step_size, inverse_mass_matrix, z_info, rng_key
-):
-    """Double or halve the step size until one MALA step's acceptance crosses target.
-
-    The MALA counterpart of NumPyro's ``find_reasonable_step_size`` for HMC,
-    called at the start of each warmup window.
-    """
-    x = z_info[0]
-    tape = jax.tree.map(lambda v: v[0], make_tape(rng_key, 1, x.shape[0], x.dtype))
-    mass_sqrt = mass_matrix_sqrt(inverse_mass_matrix)
-
-    def accept(eps):
-        return make_step_fn(potential_flat, eps, mass_sqrt)(x, tape)[1].accept_prob
-
-    direction = jnp.where(accept(step_size) > target, 1.0, -1.0)
-
-    def keep_going(carry):
-        eps, count = carry
-        return (direction * (accept(eps) - target) > 0) & (count < 40)
-
-    def body(carry):
-        eps, count = carry
-        return eps * 2.0**direction, count + 1
-
-    eps, _ = jax.lax.while_loop(keep_going, body, (jnp.asarray(step_size), 0))
-    # the last step overshot the target: step back once when growing
-    return jnp.where(direction > 0, eps / 2.0, eps)

@@ -351,8 +351,35 @@ def test_block_memory_is_checked_against_the_device(monkeypatch):
     _memory.check_block_memory(2**30, 4 * 2**30, 8)  # fits: no error
     _memory.check_block_memory(2**30, None, 8)  # device without statistics
 
-    monkeypatch.setattr(_memory, "free_device_bytes", lambda device=None: 1024)
+    # the buffer of 64 draws (64 x (1 + 4) float64 = 2,560 bytes) fits in 4 KiB,
+    # the compiled block step does not: the driver's check raises
+    monkeypatch.setattr(_memory, "free_device_bytes", lambda device=None: 4096)
     args, kwargs = gaussian_data(1.0)
     mcmc = _driver(num_warmup=10, num_samples=64)
-    with pytest.raises(ValueError, match=r"DEERMALA\(block_size=64\) needs about"):
+    with pytest.raises(
+        ValueError, match=r"DEERMALA\(block_size=64\) needs about .* per block"
+    ):
+        mcmc.run(jax.random.PRNGKey(0), *args, **kwargs)
+
+
+@pytest.mark.parametrize("chain_method", ["sequential", "vectorized"])
+def test_block_buffer_is_checked_before_init_allocates_it(monkeypatch, chain_method):
+    """A buffer of draws larger than the free memory fails in ``init``, by name."""
+    from numpyro_deer import _memory
+
+    def no_buffer(*args, **kwargs):
+        raise AssertionError("the buffer was allocated before the memory check")
+
+    monkeypatch.setattr(_memory, "free_device_bytes", lambda device=None: 2048)
+    monkeypatch.setattr("numpyro_deer._kernel.empty_block", no_buffer)
+    args, kwargs = gaussian_data(1.0)
+    mcmc = _driver(
+        num_warmup=10, num_samples=64, num_chains=2, chain_method=chain_method
+    )
+    chains = 2 if chain_method == "vectorized" else 1
+    with pytest.raises(
+        ValueError,
+        match=rf"block_size=64\) needs about .* for the buffer of its draws alone "
+        rf"\({chains} x 64 x 1 values\).*Set block_size=\d+ or smaller",
+    ):
         mcmc.run(jax.random.PRNGKey(0), *args, **kwargs)
