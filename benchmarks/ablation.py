@@ -111,6 +111,11 @@ VARIANTS: dict[str, dict] = {
     "sweep=16+after=20": {"sweep": 16, "sweep_after": 20},
     "sweep=32+after=20": {"sweep": 32, "sweep_after": 20},
     "sweep=64+after=20": {"sweep": 64, "sweep_after": 20},
+    # the initial guess from n sequential segments re-run until they couple
+    # (DEERMALA(coupled_segments=n)); the passes are in the "segment_passes" column
+    "coupled=16": {"coupled_segments": 16},
+    "coupled=32": {"coupled_segments": 32},
+    "coupled=64": {"coupled_segments": 64},
 }
 
 
@@ -173,6 +178,7 @@ def _blocks_fn(kernel, args, kwargs, num_blocks, data_as_constants=False):
                 state.block.accept_prob.mean(),
                 state.block.z,
                 state.block.potential_energy,
+                info.segment_passes,
             )
 
         return jax.lax.scan(body, state, None, length=num_blocks)
@@ -244,7 +250,9 @@ def run_variant(name, variant, args_ns):
     num_blocks = max(1, int(args_ns.blocks * base_b // block_size))
     fn = _blocks_fn(kernel, args, kwargs, num_blocks, args_ns.data_as_constants)
     try:
-        seconds, (_, (iters, conv, acc, z, pe)) = _time(fn, state, args_ns.repeats)
+        seconds, (_, (iters, conv, acc, z, pe, passes)) = _time(
+            fn, state, args_ns.repeats
+        )
     except Exception as err:  # noqa: BLE001 - report, e.g. out of memory
         print(f"{name:28s} {variant:20s} ERROR {repr(err)[:160]}", flush=True)
         return {"model": name, "variant": variant, "error": repr(err)[:300]}
@@ -260,6 +268,7 @@ def run_variant(name, variant, args_ns):
         "num_blocks": num_blocks,
         "iterations": np.asarray(iters).tolist(),
         "converged": np.asarray(conv).tolist(),
+        "segment_passes": np.asarray(passes).tolist(),
         "accept": float(np.mean(acc)),
         **_ess_per_draw(z, pe),
         "step_size": float(state.adapt_state.step_size),

@@ -533,6 +533,16 @@ def write_json(path: str | os.PathLike, obj: Any) -> Path:
     return path
 
 
+def rows_per_model(run_model, ns) -> list[dict]:
+    """``run_model(name, ns)`` for each of ``ns.models``, the rows written to
+    ``ns.json`` (with the machine and the arguments) after every model."""
+    rows = []
+    for name in ns.models:
+        rows += run_model(name, ns)
+        write_json(ns.json, {"machine": machine_info(), "args": vars(ns), "rows": rows})
+    return rows
+
+
 def fmt(value: Any, spec: str = ".3g") -> str:
     """Format a table cell; ``None`` and NaN print as ``-``."""
     if value is None:

@@ -43,7 +43,7 @@ import jax.numpy as jnp
 import numpy as np
 from _setup import warmup_steps
 from ablation import _warmup
-from common import machine_info, write_json
+from common import rows_per_model
 from jax.flatten_util import ravel_pytree
 
 from numpyro_deer import DEERMALA, HardGate
@@ -193,10 +193,7 @@ def main(argv=None):
     )
     parser.add_argument("--json", default="benchmarks/results/front_progress.json")
     ns = parser.parse_args(argv)
-    rows = []
-    for name in ns.models:
-        rows += run_model(name, ns)
-    write_json(ns.json, {"machine": machine_info(), "args": vars(ns), "rows": rows})
+    rows = rows_per_model(run_model, ns)
     print(f"\nB = {ns.block_size}, {'float64' if ns.x64 else 'float32'} solve")
     print("| model | sweep x segments (after) | iterations until every step passes |")
     print("|---|---|---|")

@@ -20,7 +20,9 @@
 # with the Hessian mass as the default), "sweep" / "sweep-b" / "sweep-c"
 # (sequential segments from the front and the local fronts), "vectorized"
 # (vectorized chains with and without the sweep), "blocks8" (eight blocks of
-# 16,384 per model with the defaults and with sweep=0). OUTDIR receives the JSON files and logs. BlackJAX is used when
+# 16,384 per model with the defaults and with sweep=0), "coupled" (the
+# initial guess from coupled segments, n = 16, 32, 64, on every model; not yet
+# run: no device was lent in the session that added it). OUTDIR receives the JSON files and logs. BlackJAX is used when
 # importable (carry its wheel; see benchmarks/README.md).
 set -uo pipefail
 stage=$1
@@ -286,6 +288,13 @@ sweep-c)
     run 540 ablation_sweep3 benchmarks/ablation.py --block-size 16384 \
         --blocks 2 --variants sweep=16+after=20 sweep=8+after=20 \
         --time-budget 470 --json "$out/ablation_sweep3_h200.json"
+    ;;
+coupled)
+    # coupled segments against the defaults, eight blocks of 16,384 per model:
+    # Newton iterations, passes and the time per draw they cost together
+    run 580 ablation_coupled benchmarks/ablation.py --block-size 16384 \
+        --blocks 8 --variants baseline coupled=16 coupled=32 coupled=64 \
+        --time-budget 500 --json "$out/ablation_coupled_h200.json"
     ;;
 blocks8)
     # eight consecutive blocks of 16,384 on every model with the defaults

@@ -196,7 +196,9 @@ def _no_solve_info(dtype) -> NewtonInfo:
     sequentially): no iterations, nothing failed."""
     int_zero = jnp.zeros((), jnp.int32)
     false = jnp.zeros((), bool)
-    return NewtonInfo(int_zero, int_zero, ~false, int_zero, jnp.zeros((), dtype), false)
+    return NewtonInfo(
+        int_zero, int_zero, ~false, int_zero, jnp.zeros((), dtype), false, int_zero
+    )
 
 
 def empty_block(block_size: int, z_flat: Array, rng_key: Array) -> BlockBuffer:

@@ -142,6 +142,19 @@ class DEERMALA(MCMCKernel):
         sweep_segments: how many segments a sweep runs side by side
             (``None``: ``block_size // sweep``).
         sweep_after: Newton iterations of a block before its sweeps start.
+        coupled_segments: ``n > 0`` replaces each block's initial guess by
+            ``n`` segments of ``block_size / n`` steps computed one step
+            after the other, side by side, each pass starting a segment from
+            where its predecessor ended in the pass before, until the starts
+            stop moving, then repairing from the steps that fail the batched
+            test (at most 6 passes in all). Chains driven by the same tape
+            from different states meet, so a segment longer than that meeting
+            time is the chain itself after two passes, and the Newton solve
+            has little left to do. The segments are tested like every other step
+            (the chain is the same); they cost ``block_size / n`` sequential
+            steps per pass. ``0`` (the default): none. For posteriors whose
+            blocks need hundreds of iterations (stochastic volatility); see
+            the choosing-options page of the docs.
         initial_guess: the iterate each solve starts from: ``"start"`` (the
             block's first state repeated) or ``"previous"`` (the previous
             block's draws; the first block after warmup uses the start). It
@@ -200,6 +213,7 @@ class DEERMALA(MCMCKernel):
         sweep: int = 8,
         sweep_segments: int | None = None,
         sweep_after: int = 20,
+        coupled_segments: int = 0,
         initial_guess: str = "start",
         solve_basis: str = "auto",
         method: str = "deer",
@@ -242,6 +256,7 @@ class DEERMALA(MCMCKernel):
             sweep=sweep,
             segments=sweep_segments,
             sweep_after=sweep_after,
+            coupled_segments=coupled_segments,
         )
         if method not in ("deer", "sequential"):
             raise ValueError(

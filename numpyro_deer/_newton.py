@@ -44,8 +44,15 @@ import jax
 import jax.numpy as jnp
 from jax import Array
 
+from ._certificate import leading_passed, step_passes
 from ._jacobian import JacobianStrategy, StepFn, StochasticDiagonalJacobian
-from ._sweep import SequentialStep, plain_sequential_step, sweep_segments, sweep_starts
+from ._sweep import (
+    SequentialStep,
+    coupled_segments,
+    plain_sequential_step,
+    sweep_segments,
+    sweep_starts,
+)
 
 
 @dataclass(frozen=True)
@@ -73,6 +80,11 @@ class DEERSolver:
         sweep_after: iterations of a solve before the sweep starts (``0``:
             from the first); blocks that converge within them never pay for
             it.
+        coupled_segments: before the first iteration, replace the initial
+            guess by this many sequential segments run side by side and re-run
+            from their predecessors' ends until they couple with the chain
+            (:func:`~numpyro_deer._sweep.coupled_segments`; ``0``: none).
+        coupled_passes: at most this many passes of those segments.
         vmapped: the solve runs under :func:`jax.vmap` (chains solved
             together). The sweep is then held back by a traced step count
             instead of a :func:`jax.lax.cond`, which ``vmap`` turns into a
@@ -90,6 +102,8 @@ class DEERSolver:
     sweep: int = 0
     segments: int | None = None
     sweep_after: int = 0
+    coupled_segments: int = 0
+    coupled_passes: int = 6
     vmapped: bool = False
 
     def __post_init__(self):
@@ -99,6 +113,8 @@ class DEERSolver:
             ("max_solves", 1, False),
             ("sweep", 0, False),
             ("sweep_after", 0, False),
+            ("coupled_segments", 0, False),
+            ("coupled_passes", 1, False),
             ("segments", 1, True),
             ("window", 1, True),
         ):
@@ -145,6 +161,9 @@ class NewtonInfo(NamedTuple):
             certificate of the returned block.
         nonfinite: an iterate or step value became non-finite; the solve
             stopped there and the front marks what is still exact.
+        segment_passes: passes of the coupled segments that made the initial
+            guess (``DEERSolver.coupled_segments``; ``0`` without), each
+            ``T / coupled_segments`` sequential steps.
     """
 
     iterations: Array
@@ -153,6 +172,7 @@ class NewtonInfo(NamedTuple):
     front: Array
     residual: Array
     nonfinite: Array
+    segment_passes: Array
 
 
 class _Carry(NamedTuple):
@@ -236,10 +256,9 @@ def _newton_iteration(
     step = start + index  # 0-based step index of each row
     valid = step < num_steps
     certified = step < front
-    error = jnp.abs(cur - values)
-    passed = jnp.all(error <= atol + rtol * jnp.abs(values), axis=-1)
+    passed, error = step_passes(cur, values, atol, rtol)
     passed = passed | ~valid | certified
-    num_passed = jnp.sum(jnp.cumprod(passed.astype(jnp.int32)), dtype=jnp.int32)
+    num_passed = leading_passed(passed)
     frozen = (index < num_passed) & valid & ~certified  # newly certified
     residual = jnp.maximum(
         carry.residual, jnp.max(jnp.where(frozen, jnp.max(error, axis=-1), 0.0))
@@ -373,6 +392,7 @@ def solve_loop(
         front=carry.front,
         residual=carry.residual,
         nonfinite=carry.nonfinite,
+        segment_passes=zero,
     )
     return carry, info
 
@@ -411,6 +431,20 @@ def deer_solve(
     """
     num_steps = jax.tree.leaves(tape)[0].shape[0]
     window = num_steps if solver.window is None else min(solver.window, num_steps)
+    passes = jnp.zeros((), jnp.int32)
+    if solver.coupled_segments:
+        if init_states is None:
+            init_states = jnp.broadcast_to(x0, (num_steps,) + x0.shape)
+        init_states, passes = coupled_segments(
+            step_fn,
+            plain_sequential_step(step_fn) if sequential is None else sequential,
+            x0,
+            tape,
+            init_states,
+            solver.coupled_segments,
+            solver.coupled_passes,
+            *solver.tolerances(x0.dtype),
+        )
     carry, padded_tape = _initial_carry(step_fn, x0, tape, window, init_states)
 
     def iteration(c):
@@ -420,7 +454,7 @@ def deer_solve(
 
     carry, info = solve_loop(iteration, carry, num_steps, solver)
     aux = jax.tree.map(lambda x: x[:num_steps], carry.aux)
-    return carry.states[1 : num_steps + 1], aux, info
+    return carry.states[1 : num_steps + 1], aux, info._replace(segment_passes=passes)
 
 
 def newton_iterates(

@@ -40,8 +40,9 @@ length ``n``.
 
 The whole block is solved at every iteration (``solver.window`` is ignored: a
 window that follows the front would leave the devices behind it idle), and
-``solver.sweep`` is ignored too (no sequential segments: the iteration counts
-are those of ``sweep=0``; the chain is the same).
+``solver.sweep`` and ``solver.coupled_segments`` are ignored too (no
+sequential segments: the iteration counts are those of ``sweep=0``; the chain
+is the same).
 Everything else -- tolerances, ``max_iter``, ``max_solves``, ``damping``,
 :class:`~numpyro_deer.NewtonInfo` -- is that of
 :func:`~numpyro_deer.deer_solve`.
@@ -61,6 +62,7 @@ import numpy as np
 from jax import Array
 from jax.sharding import Mesh, PartitionSpec
 
+from ._certificate import leading_passed, step_passes
 from ._jacobian import StepFn
 from ._newton import DEERSolver, NewtonInfo, finite_or_fixed_point, solve_loop
 from ._scan import scan_dense, scan_diagonal
@@ -178,10 +180,9 @@ def _sharded_iteration(
     lin = solver.jacobian.linearize(step_fn, prev, tape, probe_key)
     values = lin.values
 
-    error = jnp.abs(cur - values)
-    passed = jnp.all(error <= atol + rtol * jnp.abs(values), axis=-1)
+    passed, error = step_passes(cur, values, atol, rtol)
     passed = passed | (index < carry.front)
-    num_passed = jnp.sum(jnp.cumprod(passed.astype(jnp.int32)), dtype=jnp.int32)
+    num_passed = leading_passed(passed)
     # The front is in the first device whose slice does not pass entirely.
     local_front = jnp.where(
         num_passed < local_steps, device * local_steps + num_passed, num_steps
@@ -261,9 +262,9 @@ def sharded_deer_solve(
     :class:`~numpyro_deer.NewtonInfo` (front, certificate, ``converged``,
     ``nonfinite``), the same ``max_iter`` / ``max_solves`` loop. A stochastic
     Jacobian draws other probes than the unsharded solve, so the iteration
-    counts may differ; the chain does not. ``solver.window`` and
-    ``solver.sweep`` are ignored (the whole block is solved at every
-    iteration, with no sequential segments).
+    counts may differ; the chain does not. ``solver.window``,
+    ``solver.sweep`` and ``solver.coupled_segments`` are ignored (the whole
+    block is solved at every iteration, with no sequential segments).
 
     Call it under :func:`jax.jit`; the returned ``states`` and ``aux`` are
     sharded along the time axis, the ``info`` fields are replicated.

@@ -42,6 +42,7 @@ import jax
 import jax.numpy as jnp
 from jax import Array
 
+from ._certificate import leading_passed, step_passes
 from ._jacobian import StepFn
 
 
@@ -147,3 +148,92 @@ def sweep_segments(
     return states.at[target.reshape(-1)].set(
         out.reshape((-1,) + states.shape[1:]), mode="drop"
     )
+
+
+def coupled_segments(
+    step_fn: StepFn,
+    sequential: SequentialStep,
+    x0: Array,
+    tape: Any,
+    init_states: Array,
+    num_segments: int,
+    max_passes: int,
+    atol: float,
+    rtol: float,
+) -> tuple[Array, Array]:
+    """An initial guess from sequential segments run until they *couple*.
+
+    The block of ``T`` steps is cut into ``num_segments`` segments of ``L``
+    steps (the last may be shorter). Pass 1 runs every segment one step after
+    the other from ``init_states`` at its start, side by side (one batch per
+    step, :func:`sweep_segments`); pass ``p + 1`` starts segment ``j`` from
+    the state in which segment ``j - 1`` of pass ``p`` ended. Two MALA chains
+    driven by the same tape from different states meet (they *couple*, as in
+    Jacob, O'Leary and Atchadé 2020, "Unbiased Markov chain Monte Carlo
+    methods with couplings"): a perturbation shrinks through the contracting
+    steps, and once the accept decisions agree the paths merge. A segment that
+    met the chain before its last step hands its successor the chain's exact
+    state, so after two passes every segment whose predecessor coupled within
+    ``L`` steps *is* the chain, up to rounding. These passes stop when no
+    segment's start moved by more than ``atol + rtol |x|``.
+
+    *Up to rounding* matters in float32: an accept decision within rounding
+    of its threshold can come out one way in a sequential segment and the
+    other in the batched evaluation that tests the block, and on a chain that
+    forgets slowly the two paths then differ for hundreds of steps. So the
+    later passes *repair*: they test the guess with ``step_fn`` batched, as
+    the Newton iteration does, set the first failing step to its tested value
+    ``F_t``, and run the segments of ``L`` steps from there and from each
+    later failing step whose predecessor passed (:func:`sweep_starts`), until
+    every step passes. All passes together are at most ``max_passes``; each
+    costs ``L`` sequential, latency-bound steps (a repair pass one batched
+    evaluation more). Nothing is trusted: the Newton solve that follows tests
+    every step, so the guess changes the cost of a block, never its chain.
+
+    Returns:
+        ``(states, passes)``: the guess ``s_1 .. s_T`` and the passes run.
+    """
+    num_steps = init_states.shape[0]
+    length = -(-num_steps // min(num_segments, num_steps))
+    even_starts = jnp.arange(0, num_steps, length)
+    count = even_starts.shape[0]
+    zero = jnp.zeros((), jnp.int32)
+
+    def settling(c):
+        _, moving, passes = c
+        return moving & (passes < max_passes)
+
+    def couple(c):
+        states, _, passes = c
+        before = states[even_starts]
+        states = sweep_segments(
+            sequential, states, tape, even_starts, num_steps, length
+        )
+        after = states[even_starts]
+        moving = jnp.any(jnp.abs(after - before) > atol + rtol * jnp.abs(after))
+        return states, moving, passes + 1
+
+    def test(states):
+        values, _ = jax.vmap(step_fn)(states[:-1], tape)
+        return values, step_passes(states[1:], values, atol, rtol)[0]
+
+    def failing(c):
+        passed, passes = c[2:]
+        return ~jnp.all(passed) & (passes < max_passes)
+
+    def repair(c):
+        states, values, passed, passes = c
+        front = leading_passed(passed)
+        states = states.at[front + 1].set(values[front])
+        starts = sweep_starts(front, jnp.ones((), jnp.int32), passed, count)
+        states = sweep_segments(sequential, states, tape, starts, num_steps, length)
+        return states, *test(states), passes + 1
+
+    states = jnp.concatenate([x0[None], init_states])
+    states, _, passes = jax.lax.while_loop(
+        settling, couple, (states, jnp.ones((), bool), zero)
+    )
+    states, _, _, passes = jax.lax.while_loop(
+        failing, repair, (states, *test(states), passes)
+    )
+    return states[1:], passes

@@ -128,12 +128,13 @@ def test_deer_and_sequential_methods_give_the_same_chain():
     # the initial guess of the Newton solve changes the work, not the chain
     args, kwargs = gaussian_data(0.5)
     draws = []
-    for method, guess, jacobian, sweep in (
-        ("sequential", "start", "stochastic", 0),
-        ("deer", "start", "stochastic", 0),
-        ("deer", "previous", "stochastic", 0),
-        ("deer", "start", "full", 0),  # spectral-norm clipped by default
-        ("deer", "start", "stochastic", 4),  # sequential segments first
+    for method, guess, jacobian, sweep, coupled in (
+        ("sequential", "start", "stochastic", 0, 0),
+        ("deer", "start", "stochastic", 0, 0),
+        ("deer", "previous", "stochastic", 0, 0),
+        ("deer", "start", "full", 0, 0),  # spectral-norm clipped by default
+        ("deer", "start", "stochastic", 4, 0),  # sequential segments first
+        ("deer", "previous", "stochastic", 0, 4),  # coupled segments as the guess
     ):
         kernel = DEERMALA(
             gaussian_mean_model,
@@ -142,6 +143,7 @@ def test_deer_and_sequential_methods_give_the_same_chain():
             initial_guess=guess,
             jacobian=jacobian,
             sweep=sweep,
+            coupled_segments=coupled,
             atol=1e-12,
             rtol=1e-10,
         )
@@ -154,16 +156,18 @@ def test_deer_and_sequential_methods_give_the_same_chain():
 
 def test_vectorized_chains_with_the_sweep_are_the_sequential_chains():
     # chains solved together hold the sweep back by a traced step count
-    # (DEERSolver.vmapped); the draws are each chain's sequential MALA chain
+    # (DEERSolver.vmapped) and run the coupled segments' passes until every
+    # chain's are done; the draws are each chain's sequential MALA chain
     args, kwargs = gaussian_data(0.5)
     draws = []
-    for method in ("sequential", "deer"):
+    for method, coupled in (("sequential", 0), ("deer", 0), ("deer", 4)):
         kernel = DEERMALA(
             gaussian_mean_model,
             block_size=64,
             method=method,
             sweep=4,
             sweep_after=1,
+            coupled_segments=coupled,
             atol=1e-12,
             rtol=1e-10,
         )
@@ -179,7 +183,8 @@ def test_vectorized_chains_with_the_sweep_are_the_sequential_chains():
         draws.append(mcmc.get_samples(group_by_chain=True)["mu"])
     assert draws[1].shape == (2, 128)
     assert not np.allclose(draws[1][0], draws[1][1])
-    np.testing.assert_allclose(draws[1], draws[0], atol=1e-8)
+    for other in draws[1:]:
+        np.testing.assert_allclose(other, draws[0], atol=1e-8)
 
 
 def test_hessian_basis_gives_the_same_chain_in_fewer_iterations():

@@ -133,6 +133,7 @@ def test_potential_fn_path_needs_init_params():
         ({"adapt_mass_matrix": "hessain"}, "adapt_mass_matrix='hessain'"),
         ({"sweep": -1}, "sweep"),
         ({"sweep": 4, "sweep_segments": 0}, "segments"),
+        ({"coupled_segments": -1}, "coupled_segments"),
     ],
 )
 def test_bad_arguments_are_named(kwargs, match):

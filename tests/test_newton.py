@@ -618,6 +618,74 @@ def test_swept_solve_equals_sequential_even_at_zero_tolerance(targets, window):
     assert_array_equal(aux.accepted, target.seq_info.accepted)
 
 
+# -------------------------------------------------------------- coupled segments
+def test_coupled_segments_meet_the_chain_in_two_passes(targets):
+    # std_normal contracts by about half per accepted step: four segments of
+    # 64 steps started from x0 all meet the chain (to float64 rounding) within
+    # their length, so pass 2 starts every segment from the chain's own state,
+    # pass 2 leaves the starts where they were, and the guess is the chain: the
+    # Newton solve only certifies it
+    target = targets["std_normal"]
+    solver = _solver(DiagonalJacobian(), coupled_segments=4)
+    states, _, info = _run(_jitted_solve(target.step_fn(), solver), target)
+
+    assert int(info.segment_passes) == 2
+    assert int(info.iterations) == 1
+    assert bool(info.converged)
+    assert_allclose(states, target.seq_states, **MATCH)
+
+
+def test_uncoupled_segments_stop_at_the_cap_and_keep_the_chain(targets):
+    # corr_gauss's slowest direction contracts by 1 % per step: segments of 64
+    # steps do not meet the chain, the passes run to the cap, and the Newton
+    # solve still returns the sequential chain
+    target = targets["corr_gauss"]
+    solver = _solver(DiagonalJacobian(), coupled_segments=4, coupled_passes=3)
+    states, aux, info = _run(_jitted_solve(target.step_fn(), solver), target)
+
+    assert int(info.segment_passes) == 3
+    assert int(info.iterations) > 1
+    assert bool(info.converged)
+    assert_allclose(states, target.seq_states, **MATCH)
+    assert_array_equal(aux.accepted, target.seq_info.accepted)
+
+
+def test_a_decision_the_segments_get_wrong_is_repaired(targets):
+    # the segments' sequential step takes the other accept decision at one
+    # step (what float32 rounding can do near a threshold); the coupling
+    # passes settle on that wrong path, the repair pass restarts the segments
+    # from that step's tested value, and the Newton solve only certifies
+    from numpyro_deer._sweep import SequentialStep, plain_sequential_step
+
+    target = targets["std_normal"]
+    step_fn = target.step_fn()
+    wrong_at = 100 + int(np.argmax(target.seq_info.accepted[100:]))
+    marked = target.tape.log_u[wrong_at]
+    exact = plain_sequential_step(step_fn)
+
+    def step(x, tape_t):
+        x_new, _ = exact.step(x, tape_t)
+        x_new = jnp.where(tape_t.log_u == marked, x, x_new)  # reject instead
+        return x_new, x_new
+
+    solver = _solver(DiagonalJacobian(), coupled_segments=4)
+    solve = _jit(
+        lambda x0, tape, key: deer_solve(
+            step_fn, x0, tape, key, solver, sequential=SequentialStep(exact.init, step)
+        )
+    )
+    states, _, info = _run(solve, target)
+
+    assert int(info.segment_passes) == 3  # two coupling passes, one repair
+    assert int(info.iterations) == 1
+    assert_allclose(states, target.seq_states, **MATCH)
+
+
+def test_without_coupled_segments_no_passes_are_reported(targets, solved):
+    _, _, info = solved("logreg", "diag", "hard")
+    assert int(info.segment_passes) == 0
+
+
 # -------------------------------------------------------------------- validation
 @pytest.mark.parametrize(
     "build, name",
@@ -631,6 +699,8 @@ def test_swept_solve_equals_sequential_even_at_zero_tolerance(targets, window):
         (lambda: DEERSolver(sweep=2.5), "sweep"),
         (lambda: DEERSolver(sweep=4, segments=0), "segments"),
         (lambda: DEERSolver(sweep=4, sweep_after=-1), "sweep_after"),
+        (lambda: DEERSolver(coupled_segments=-1), "coupled_segments"),
+        (lambda: DEERSolver(coupled_segments=4, coupled_passes=0), "coupled_passes"),
         (lambda: DEERSolver(atol=-1e-6), "atol"),
         (lambda: DEERSolver(rtol=-1e-6), "rtol"),
         (lambda: StochasticDiagonalJacobian(num_probes=0), "num_probes"),
