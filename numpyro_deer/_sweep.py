@@ -186,9 +186,12 @@ def coupled_segments(
     ``F_t``, and run the segments of ``L`` steps from there and from each
     later failing step whose predecessor passed (:func:`sweep_starts`), until
     every step passes. All passes together are at most ``max_passes``; each
-    costs ``L`` sequential, latency-bound steps (a repair pass one batched
-    evaluation more). Nothing is trusted: the Newton solve that follows tests
-    every step, so the guess changes the cost of a block, never its chain.
+    costs ``L`` sequential, latency-bound steps, and the guess is tested (one
+    batched evaluation of the block) once after the coupling passes and after
+    every repair pass; when nothing fails, that test repeats the evaluation
+    the Newton solve's first iteration makes. Nothing is trusted: the Newton
+    solve that follows tests every step, so the guess changes the cost of a
+    block, never its chain.
 
     Returns:
         ``(states, passes)``: the guess ``s_1 .. s_T`` and the passes run.
