@@ -246,8 +246,8 @@ def _spawn(spec: dict, timeout: float) -> dict:
         env["PYTHONPATH"] = os.pathsep.join(
             [str(ROOT)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
         )
-        cmd = [sys.executable, str(Path(__file__).resolve()), "--child", json.dumps(spec)]
-        cmd += ["--child-out", str(out)]
+        cmd = [sys.executable, str(Path(__file__).resolve())]
+        cmd += ["--child", json.dumps(spec), "--child-out", str(out)]
         t0 = time.perf_counter()
         proc = subprocess.run(
             cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout
@@ -370,7 +370,7 @@ def parse_args(argv=None):
     parser.add_argument(
         "--first-only",
         action="store_true",
-        help="only the first run in each process (no second object, phases or new data)",
+        help="only the first run in each process (no second object, phases, new data)",
     )
     parser.add_argument("--quick", action="store_true", help="tiny sizes (smoke test)")
     parser.add_argument("--timeout", type=float, default=1800, help="per process, s")
