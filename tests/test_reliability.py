@@ -243,6 +243,7 @@ def test_int_of_a_model_argument_under_jit_model_args():
         mcmc.run(jax.random.PRNGKey(0), 3)
 
 
+@pytest.mark.filterwarnings("ignore:Out-of-support values")
 def test_nan_in_the_data_names_the_site():
     data = np.zeros(5)
     data[2] = np.nan
