@@ -158,7 +158,8 @@ def run_one(spec: dict) -> dict:
     return out
 
 
-def run_subprocess(spec: dict, cpu_devices: int) -> dict:
+def run_subprocess(spec: dict, cpu_devices: int, grace_s: float) -> dict:
+    """``run_one`` in a fresh process, killed ``grace_s`` after the budget."""
     env = dict(os.environ)
     if spec["platform"] == "cpu":
         env["JAX_PLATFORMS"] = "cpu"
@@ -167,7 +168,11 @@ def run_subprocess(spec: dict, cpu_devices: int) -> dict:
     cmd = [sys.executable, __file__, "--worker", json.dumps(spec)]
     try:
         proc = subprocess.run(
-            cmd, env=env, capture_output=True, text=True, timeout=spec["budget_s"] + 300
+            cmd,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=spec["budget_s"] + grace_s,
         )
     except subprocess.TimeoutExpired:
         return {**spec, "status": "timeout", "checkpoints": [], "reached": {}}
@@ -273,7 +278,9 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--targets", nargs="+", default=None)
-    parser.add_argument("--samplers", nargs="+", default=None)
+    parser.add_argument(
+        "--samplers", nargs="+", default=None, help="names, each optionally NAME:C1,C2"
+    )
     parser.add_argument("--chains", nargs="+", type=int, default=None)
     parser.add_argument("--budget-seconds", type=float, default=60.0)
     parser.add_argument("--out", default="benchmarks/results/race")
@@ -294,7 +301,16 @@ def main(argv=None):
     import race_samplers
 
     targets = ns.targets or gym_models.available_targets()
-    samplers = ns.samplers or list(race_samplers.SAMPLERS)
+    # "deer:1,16" runs deer with 1 and 16 chains whatever --chains says
+    plan = {}
+    for item in ns.samplers or list(race_samplers.SAMPLERS):
+        name, _, counts = item.partition(":")
+        if name not in race_samplers.SAMPLERS:
+            parser.error(
+                f"--samplers: unknown {name!r}; one of {list(race_samplers.SAMPLERS)}"
+            )
+        plan[name] = [int(c) for c in counts.split(",")] if counts else None
+    samplers = list(plan)
     if not race_samplers.blackjax_available():
         skipped = [s for s in samplers if s in race_samplers.BLACKJAX_SAMPLERS]
         samplers = [s for s in samplers if s not in skipped]
@@ -313,7 +329,7 @@ def main(argv=None):
     rows = []
     for t in targets:
         for s in samplers:
-            counts = chains
+            counts = plan[s] or chains
             if s in ("nuts_diag", "nuts_dense") and ns.platform == "cpu":
                 counts = sorted({min(c, cores) for c in chains})  # at most one per core
             if s == "meads":
