@@ -61,7 +61,11 @@ def _numpyro_competitor(
     sites = list(target.truth)
     if chains == 1:
         method = "sequential"
-    elif settings["platform"] == "cpu" and driver is numpyro.infer.MCMC:
+    elif (
+        settings["platform"] == "cpu"
+        and driver is numpyro.infer.MCMC
+        and jax.local_device_count() >= chains
+    ):
         method = "parallel"  # one chain per core (the caller sets the device count)
     else:
         method = "vectorized"
@@ -81,6 +85,8 @@ def _numpyro_competitor(
         if warmup_grads is None:
             warmup_grads = _grads(mcmc, extra, chains, warmup)
         tracker.warmup_done(warmup_grads)
+        if driver is numpyro.infer.MCMC:
+            return _kernel_segments(mcmc, target, chains, method, seg, tracker)
         while not tracker.done():
             mcmc.run(
                 mcmc.post_warmup_state.rng_key, *args, extra_fields=extra, **kwargs
@@ -91,6 +97,40 @@ def _numpyro_competitor(
                 np.asarray(s1), np.asarray(s2), chains, _grads(mcmc, extra, chains, seg)
             )
             mcmc.post_warmup_state = mcmc.last_state
+
+
+def _kernel_segments(mcmc, target, chains, method, seg, tracker):
+    """Sample after ``mcmc.warmup`` in segments of one compiled ``lax.scan``.
+
+    ``numpyro.infer.MCMC.run`` compiles its sampling loop anew on every call
+    (``fori_collect`` jits a fresh closure), which a user sampling once pays
+    once; this loop over the kernel's own ``sample`` compiles once (``pmap``
+    over the chains for ``"parallel"``, ``vmap`` for ``"vectorized"``).
+    """
+    sampler, (args, kwargs) = mcmc.sampler, (target.args, target.kwargs)
+    constrain = sampler.postprocess_fn(args, kwargs)
+    sites = list(target.truth)
+
+    def one_chain(state):
+        def body(state, _):
+            state = sampler.sample(state, args, kwargs)
+            x = flatten_sites(constrain(state.z), sites, 0)
+            return state, (x, x**2, state.num_steps)
+
+        state, (x, x2, n) = jax.lax.scan(body, state, None, length=seg)
+        return state, x, x2, jnp.sum(n)
+
+    if method == "parallel":
+        fn = jax.pmap(one_chain)
+    elif method == "vectorized":
+        fn = jax.jit(jax.vmap(one_chain))
+    else:
+        fn = jax.jit(lambda st: jax.tree.map(lambda v: v[None], one_chain(st)))
+    state = mcmc.post_warmup_state
+    while not tracker.done():
+        state, x, x2, n = fn(state)
+        s1, s2 = np.asarray(x).sum(0), np.asarray(x2).sum(0)
+        tracker.segment(s1, s2, chains, float(np.asarray(n).sum()))
 
 
 def _grads(mcmc, extra, chains, steps):
