@@ -28,11 +28,19 @@ at or below it (a single run: noisy by a factor of about 2 either way).
 ChEES its adaptation's steps); MALA: one per step; DEER: one per state per
 Newton iteration (its Jacobian estimate's JVPs not counted).
 
-Run from the repository root (JSON, figures and the table go to ``--out``)::
+**Sampling loops.** NUTS samples after NumPyro's own warmup in a compiled
+``lax.scan`` of its kernel per segment (``MCMC.run`` would recompile its loop
+at every segment); MALA and DEER go through ``numpyro_deer.MCMC``, which
+compiles its block loop once; BlackJAX samplers in a compiled ``lax.scan``.
 
-    PYTHONPATH=. python3 benchmarks/race.py --quick --out benchmarks/results/race_cpu
+Run from the repository root (JSON, figures and the table go to ``--out``;
+``--samplers deer:1,16`` gives a sampler its own chain counts)::
 
-The table is printed last.
+    PYTHONPATH=. python3 benchmarks/race.py --quick --out benchmarks/results/race_cpu \
+        --targets eight_schools --samplers nuts_dense:2 deer:1,4 chees:4
+
+The table is printed last; ``--summarize --out DIR`` redraws it from
+``DIR/race.json``.
 """
 
 from __future__ import annotations
@@ -292,6 +300,13 @@ def main(argv=None):
     parser.add_argument(
         "--in-process", action="store_true", help="no fresh process per run"
     )
+    parser.add_argument(
+        "--grace-seconds",
+        type=float,
+        default=300.0,
+        help="a run still going this long after its budget is killed (warmup "
+        "cannot be cut short) and reported as a timeout",
+    )
     ns = parser.parse_args(argv)
     if ns.worker:
         print("RESULT " + json.dumps(run_one(json.loads(ns.worker))), flush=True)
@@ -331,18 +346,17 @@ def main(argv=None):
         for s in samplers:
             counts = plan[s] or chains
             if s in ("nuts_diag", "nuts_dense") and ns.platform == "cpu":
-                counts = sorted({min(c, cores) for c in chains})  # at most one per core
+                counts = sorted({min(c, cores) for c in counts})  # one per core at most
             if s == "meads":
-                counts = [
-                    c for c in chains if c % 4 == 0
-                ]  # MEADS folds the chains in 4
+                counts = [c for c in counts if c % 4 == 0]  # MEADS folds chains in 4
+            if s == "chees":
+                counts = [c for c in counts if c >= 4]  # its criterion averages chains
             for c in counts:
                 spec = {**base, "target": t, "sampler": s, "chains": c}
-                row = (
-                    run_one(spec)
-                    if ns.in_process
-                    else run_subprocess(spec, max(cores, c))
-                )
+                if ns.in_process:
+                    row = run_one(spec)
+                else:
+                    row = run_subprocess(spec, max(cores, c), ns.grace_seconds)
                 rows.append(row)
                 hit = {
                     k: v and round(v["wall_s"], 2)
