@@ -209,6 +209,19 @@ def best_rows(rows: list[dict], thr: float) -> dict:
     return best
 
 
+def _lowest_error(rows: list[dict], target: str) -> str:
+    """``"; lowest: NAME (C) ERR at T s"`` over the runs of ``target``, or ``""``."""
+    best = None
+    for r in rows:
+        for c in r.get("checkpoints") or [] if r["target"] == target else []:
+            err = max(c["err_mean"], c["err_second"])
+            if best is None or err < best[0]:
+                best = (err, r["sampler"], r["chains"], c["wall_s"])
+    if best is None:
+        return ""
+    return f"; lowest: {best[1]} ({best[2]}) {best[0]:.2g} at {best[3]:.0f} s"
+
+
 def summary(rows: list[dict], targets: list[str], samplers: list[str]) -> list[str]:
     lines = [
         "| target | thr | winner (chains) | time s | deer (chains) | deer / winner "
@@ -220,7 +233,8 @@ def summary(rows: list[dict], targets: list[str], samplers: list[str]) -> list[s
         for t in targets:
             cands = {s: best[(t, s)] for s in samplers if (t, s) in best}
             if not cands:
-                lines.append(f"| {t} | {thr:g} | none reached | - | - | - | - |")
+                low = _lowest_error(rows, t)
+                lines.append(f"| {t} | {thr:g} | none reached{low} | - | - | - | - |")
                 continue
             win = min(cands, key=lambda s: cands[s][1]["wall_s"])
             wc, wh = cands[win]
@@ -307,7 +321,15 @@ def main(argv=None):
         help="a run still going this long after its budget is killed (warmup "
         "cannot be cut short) and reported as a timeout",
     )
+    parser.add_argument(
+        "--summarize",
+        action="store_true",
+        help="figures and table from --out's race.json",
+    )
     ns = parser.parse_args(argv)
+    if ns.summarize:
+        rows = json.loads((Path(ns.out) / "race.json").read_text())["rows"]
+        return report(rows, Path(ns.out))
     if ns.worker:
         print("RESULT " + json.dumps(run_one(json.loads(ns.worker))), flush=True)
         return None
