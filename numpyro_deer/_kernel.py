@@ -26,24 +26,11 @@ from ._block import (
 )
 from ._checks import check_model, translate_tracer_errors
 from ._hessian_mass import resolve_mass_adaptation
-from ._jacobian import JacobianStrategy, jacobian_from_name
-from ._mala import Gate, HardGate, SigmoidGate
 from ._memory import check_buffer_memory
-from ._newton import DEERSolver
 from ._warmup import build_adapter, warmup_step
-
-_GATES = {"hard": HardGate, "sigmoid": SigmoidGate}
-
-
-def _gate_from_name(gate: str | Gate) -> Gate:
-    if not isinstance(gate, str):
-        return gate
-    if gate not in _GATES:
-        raise ValueError(
-            f"gate={gate!r} is not a gate treatment: use 'hard', 'sigmoid' or "
-            "SigmoidGate(temperature=...)."
-        )
-    return _GATES[gate]()
+from .core.gates import Gate
+from .core.jacobian import JacobianStrategy, StochasticDiagonalJacobian
+from .core.newton import DEERSolver
 
 
 class DEERMALA(MCMCKernel):
@@ -208,13 +195,8 @@ class DEERMALA(MCMCKernel):
         rtol: float | None = None,
         max_iter: int = 100,
         max_solves: int = 3,
-        damping: float = 0.0,
-        window: int | None = None,
         sweep: int = 8,
-        sweep_segments: int | None = None,
         sweep_after: int = 20,
-        coupled_segments: int = 0,
-        initial_guess: str = "start",
         solve_basis: str = "auto",
         method: str = "deer",
         matmul_precision: str | None = "highest",
@@ -240,44 +222,30 @@ class DEERMALA(MCMCKernel):
             raise ValueError(
                 "DEERMALA supports dense_mass=True or False, not a list of site groups."
             )
-        options = {}
-        if jacobian == "stochastic":
-            options = {"num_probes": num_probes, "clip": clip}
-        elif jacobian in ("diag", "full"):
-            options = {"clip": clip}
+        if isinstance(jacobian, str) and jacobian == "stochastic":
+            jacobian = StochasticDiagonalJacobian(num_probes=num_probes, clip=clip)
+        elif isinstance(jacobian, str) and jacobian in ("diag", "full"):
+            jacobian = {"diag": "DiagonalJacobian", "full": "FullJacobian"}[jacobian]
+            from . import core
+
+            jacobian = getattr(core, jacobian)(clip=clip)
         self._solver = DEERSolver(
-            jacobian=jacobian_from_name(jacobian, **options),
+            jacobian=jacobian,
+            gate=gate,
+            solve_basis=solve_basis,
             atol=atol,
             rtol=rtol,
             max_iter=max_iter,
             max_solves=max_solves,
-            damping=damping,
-            window=window,
             sweep=sweep,
-            segments=sweep_segments,
             sweep_after=sweep_after,
-            coupled_segments=coupled_segments,
         )
         if method not in ("deer", "sequential"):
             raise ValueError(
                 f"method={method!r}: use 'deer' (parallel Newton) or 'sequential'."
             )
-        if initial_guess not in ("start", "previous"):
-            raise ValueError(
-                f"initial_guess={initial_guess!r}: use 'start' (repeat the first "
-                "state) or 'previous' (the previous block's draws)."
-            )
-        if solve_basis not in ("auto", "whitened", "hessian"):
-            raise ValueError(
-                f"solve_basis={solve_basis!r}: use 'auto', 'whitened' (the "
-                "mass-matrix coordinates) or 'hessian' (their rotation to the "
-                "eigenvectors of the mean Hessian)."
-            )
-        self._initial_guess = initial_guess
-        self._solve_basis = solve_basis
         self._method = method
         self._matmul_precision = matmul_precision
-        self._gate = _gate_from_name(gate)
         self._model = model
         self._potential_fn = potential_fn
         self._step_size = float(step_size)
@@ -472,22 +440,11 @@ class DEERMALA(MCMCKernel):
         potential_flat = self._potential_flat(model_args, model_kwargs)
         ravel = lambda z: ravel_pytree(z)[0]  # noqa: E731
 
-        # None: the sequential method. Chains solved together: the solver is
-        # told so (see DEERSolver.vmapped).
-        solver = None
-        if self._method == "deer":
-            solver = dataclasses.replace(self._solver, vmapped=batched)
+        # Chains solved together: the solver is told so (see DEERSolver.vmapped).
+        solver = dataclasses.replace(self._solver, vmapped=batched)
 
         def refill(s):
-            return refill_block(
-                s,
-                potential_flat,
-                ravel,
-                solver,
-                self._gate,
-                self._initial_guess,
-                self._solve_basis,
-            )
+            return refill_block(s, potential_flat, ravel, solver, self._method)
 
         if batched:
             need = jnp.any(jax.vmap(needs_refill)(state))

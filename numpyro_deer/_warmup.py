@@ -2,7 +2,7 @@ r"""Warmup: sequential MALA steps under NumPyro's adaptation.
 
 Warmup is not solved by DEER: while the step size and the mass matrix change
 from one step to the next there is no fixed map ``s_t = f_t(s_{t-1})`` to solve
-for. Each warmup draw is one MALA step (:func:`numpyro_deer._mala.make_step_fn`)
+for. Each warmup draw is one MALA step (:func:`numpyro_deer.core.make_step_fn`)
 followed by NumPyro's ``warmup_adapter`` update: dual averaging of the step
 size toward ``target_accept_prob`` (Hoffman and Gelman, 2014) over the window
 schedule of Stan, and at each window end either NumPyro's own mass matrix (the
@@ -25,9 +25,11 @@ from jax import Array
 from jax.flatten_util import ravel_pytree
 from numpyro.infer.hmc_util import build_adaptation_schedule, warmup_adapter
 
-from ._block import DEERMALAState, mass_matrix_sqrt, record_warmup_draw
+from ._block import DEERMALAState, record_warmup_draw
 from ._hessian_mass import hessian_window_end
-from ._mala import make_step_fn, make_tape
+from .core.mala import MALA, make_tape
+from .core.metric import mass_matrix_sqrt
+from .core.transition import make_step_fn
 
 MAX_STEP_SIZE_SEARCH = 40
 """Most doublings or halvings of the step size in one search."""
@@ -56,7 +58,8 @@ def find_reasonable_step_size(
     mass_sqrt = mass_matrix_sqrt(inverse_mass_matrix)
 
     def accept(eps):
-        return make_step_fn(potential_flat, eps, mass_sqrt)(x, tape)[1].accept_prob
+        step_fn = make_step_fn(MALA(), potential_flat, eps, mass_sqrt)
+        return step_fn(x, tape)[1].accept_prob
 
     direction = jnp.where(accept(step_size) > target, 1.0, -1.0)
 
@@ -140,6 +143,7 @@ def warmup_step(
     x = ravel_pytree(state.z)[0]
     tape = make_tape(key_tape, 1, x.shape[0], x.dtype)
     step_fn = make_step_fn(
+        MALA(),
         potential_flat,
         adapt.step_size,
         mass_matrix_sqrt(adapt.inverse_mass_matrix),

@@ -11,7 +11,7 @@ from numpyro_deer._block import (
     curvature_basis,
     record_warmup_draw,
 )
-from numpyro_deer._mala import make_tape, sequential_chain
+from numpyro_deer.core import MALA, make_tape, sequential_chain
 
 
 def _gaussian_potential(precision):
@@ -48,8 +48,8 @@ def test_rotated_chain_is_the_whitened_chain_rotated():
     tape = make_tape(jax.random.PRNGKey(0), 50, 4, w0.dtype)
     basis = curvature_basis(potential, w0[None])
     potential_u, tape_u = _rotate(potential, tape, basis)
-    w, info_w = sequential_chain(potential, w0, tape, 0.1)
-    u, info_u = sequential_chain(potential_u, basis.T @ w0, tape_u, 0.1)
+    w, info_w = sequential_chain(MALA(), potential, w0, tape, 0.1)
+    u, info_u = sequential_chain(MALA(), potential_u, basis.T @ w0, tape_u, 0.1)
     np.testing.assert_allclose(u @ basis.T, w, atol=1e-12)
     np.testing.assert_array_equal(info_u.accepted, info_w.accepted)
 

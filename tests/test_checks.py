@@ -14,14 +14,14 @@ import pytest
 from numpyro.handlers import trace
 from numpyro.infer.util import potential_energy
 
-from numpyro_deer import models
+from benchmarks import models
+from benchmarks.models import BENCHMARK_MODELS
 from numpyro_deer._checks import (
     UnsupportedModelError,
     check_model,
     check_potential_traceable,
     translate_tracer_errors,
 )
-from numpyro_deer.models import BENCHMARK_MODELS
 
 Y = jnp.array([0.3, -1.2, 0.8])
 

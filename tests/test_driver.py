@@ -9,8 +9,7 @@ import pytest
 from numpyro.infer import MCMC as StockMCMC
 from numpyro.infer import NUTS
 
-from numpyro_deer import DEERMALA, MCMC, DEERConvergenceWarning
-from numpyro_deer.models import (
+from benchmarks.models import (
     beta_bernoulli,
     beta_bernoulli_posterior,
     dirichlet_categorical,
@@ -21,6 +20,7 @@ from numpyro_deer.models import (
     make_dirichlet_categorical_data,
     make_ill_conditioned_gaussian_data,
 )
+from numpyro_deer import DEERMALA, MCMC, DEERConvergenceWarning, DEERSolver
 
 from .helpers import STOCK_RUN_CONFIG, gaussian_data
 
@@ -125,27 +125,18 @@ def test_chain_methods(chain_method):
 
 
 def test_deer_and_sequential_methods_give_the_same_chain():
-    # the initial guess of the Newton solve changes the work, not the chain
+    # the solver's settings change the work, not the chain
     args, kwargs = gaussian_data(0.5)
     draws = []
-    for method, guess, jacobian, sweep, coupled in (
-        ("sequential", "start", "stochastic", 0, 0),
-        ("deer", "start", "stochastic", 0, 0),
-        ("deer", "previous", "stochastic", 0, 0),
-        ("deer", "start", "full", 0, 0),  # spectral-norm clipped by default
-        ("deer", "start", "stochastic", 4, 0),  # sequential segments first
-        ("deer", "previous", "stochastic", 0, 4),  # coupled segments as the guess
+    for method, jacobian, sweep in (
+        ("sequential", "stochastic", 0),
+        ("deer", "stochastic", 0),
+        ("deer", "full", 0),  # spectral-norm clipped by default
+        ("deer", "stochastic", 4),  # sequential segments first
     ):
+        solver = DEERSolver(jacobian=jacobian, sweep=sweep, atol=1e-12, rtol=1e-10)
         kernel = DEERMALA(
-            gaussian_mean_model,
-            block_size=64,
-            method=method,
-            initial_guess=guess,
-            jacobian=jacobian,
-            sweep=sweep,
-            coupled_segments=coupled,
-            atol=1e-12,
-            rtol=1e-10,
+            gaussian_mean_model, block_size=64, method=method, solver=solver
         )
         mcmc = MCMC(kernel, num_warmup=50, num_samples=256, progress_bar=False)
         mcmc.run(jax.random.PRNGKey(5), *args, **kwargs)
@@ -156,20 +147,13 @@ def test_deer_and_sequential_methods_give_the_same_chain():
 
 def test_vectorized_chains_with_the_sweep_are_the_sequential_chains():
     # chains solved together hold the sweep back by a traced step count
-    # (DEERSolver.vmapped) and run the coupled segments' passes until every
-    # chain's are done; the draws are each chain's sequential MALA chain
+    # (DEERSolver.vmapped); the draws are each chain's sequential MALA chain
     args, kwargs = gaussian_data(0.5)
     draws = []
-    for method, coupled in (("sequential", 0), ("deer", 0), ("deer", 4)):
+    for method in ("sequential", "deer"):
+        solver = DEERSolver(sweep=4, sweep_after=1, atol=1e-12, rtol=1e-10)
         kernel = DEERMALA(
-            gaussian_mean_model,
-            block_size=64,
-            method=method,
-            sweep=4,
-            sweep_after=1,
-            coupled_segments=coupled,
-            atol=1e-12,
-            rtol=1e-10,
+            gaussian_mean_model, block_size=64, method=method, solver=solver
         )
         mcmc = MCMC(
             kernel,
@@ -204,10 +188,8 @@ def test_hessian_basis_gives_the_same_chain_in_fewer_iterations():
             ill_conditioned_gaussian,
             block_size=128,
             method=method,
-            solve_basis=basis,
             adapt_mass_matrix=True,
-            atol=1e-12,
-            rtol=1e-10,
+            solver=DEERSolver(solve_basis=basis, atol=1e-12, rtol=1e-10),
         )
         mcmc = MCMC(kernel, num_warmup=100, num_samples=512, progress_bar=False)
         mcmc.run(
@@ -233,7 +215,8 @@ def test_hessian_basis_gives_the_same_chain_in_fewer_iterations():
 
 def test_unconverged_blocks_fall_back_and_warn():
     args, kwargs = gaussian_data(0.5)
-    kernel = DEERMALA(gaussian_mean_model, block_size=64, max_iter=2, max_solves=1)
+    solver = DEERSolver(max_iter=2, max_solves=1)
+    kernel = DEERMALA(gaussian_mean_model, block_size=64, solver=solver)
     mcmc = MCMC(kernel, num_warmup=50, num_samples=128, progress_bar=False)
     with pytest.warns(DEERConvergenceWarning, match="2 of 2 blocks"):
         mcmc.run(

@@ -14,13 +14,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from numpyro_deer import DEERMALA, MCMC
-from numpyro_deer.models import (
+from benchmarks.models import (
     EIGHT_SCHOOLS_SIGMA,
     EIGHT_SCHOOLS_Y,
     eight_schools,
     gaussian_mean_model,
 )
+from numpyro_deer import DEERMALA, MCMC
 
 # fmt: off
 PINNED = {('eight_schools', 'deer'): {'mu': [0.71234981165516,
