@@ -20,17 +20,17 @@ __version__ = "0.1.0.dev0"
 
 # name -> module of the NumPyro layer that defines it (imported on first use)
 _NUMPYRO_LAYER = {
-    "DEERConvergenceWarning": "._driver",
-    "DEERMALA": "._kernel",
-    "MCMC": "._driver",
-    "UnsupportedModelError": "._checks",
-    "check_model": "._checks",
+    "DEERConvergenceWarning": ".infer.driver",
+    "DEERMALA": ".infer.kernel",
+    "MCMC": ".infer.driver",
+    "UnsupportedModelError": ".infer.checks",
+    "check_model": ".infer.checks",
 }
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ._checks import UnsupportedModelError, check_model
-    from ._driver import MCMC, DEERConvergenceWarning
-    from ._kernel import DEERMALA
+    from .infer.checks import UnsupportedModelError, check_model
+    from .infer.driver import MCMC, DEERConvergenceWarning
+    from .infer.kernel import DEERMALA
 
 
 def __getattr__(name: str):

@@ -1,4 +1,4 @@
-"""Tests of model validation (``numpyro_deer._checks``).
+"""Tests of model validation (``numpyro_deer.infer.checks``).
 
 Each unsupported feature must raise `UnsupportedModelError` (a ``ValueError``)
 whose message names the site and says what to do instead.
@@ -16,7 +16,7 @@ from numpyro.infer.util import potential_energy
 
 from benchmarks import models
 from benchmarks.models import BENCHMARK_MODELS
-from numpyro_deer._checks import (
+from numpyro_deer.infer.checks import (
     UnsupportedModelError,
     check_model,
     check_potential_traceable,

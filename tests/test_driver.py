@@ -332,7 +332,7 @@ def test_normal_posterior_mean_and_std(warm_driver):
 
 def test_block_memory_is_checked_against_the_device(monkeypatch):
     """A block that needs more than the device has free fails before it runs."""
-    from numpyro_deer import _memory
+    from numpyro_deer.infer import memory as _memory
 
     with pytest.raises(ValueError, match="block_size=2 or smaller"):
         _memory.check_block_memory(10 * 2**30, 4 * 2**30, 8)
@@ -353,13 +353,13 @@ def test_block_memory_is_checked_against_the_device(monkeypatch):
 @pytest.mark.parametrize("chain_method", ["sequential", "vectorized"])
 def test_block_buffer_is_checked_before_init_allocates_it(monkeypatch, chain_method):
     """A buffer of draws larger than the free memory fails in ``init``, by name."""
-    from numpyro_deer import _memory
+    from numpyro_deer.infer import memory as _memory
 
     def no_buffer(*args, **kwargs):
         raise AssertionError("the buffer was allocated before the memory check")
 
     monkeypatch.setattr(_memory, "free_device_bytes", lambda device=None: 2048)
-    monkeypatch.setattr("numpyro_deer._kernel.empty_block", no_buffer)
+    monkeypatch.setattr("numpyro_deer.infer.kernel.empty_block", no_buffer)
     args, kwargs = gaussian_data(1.0)
     mcmc = _driver(
         num_warmup=10, num_samples=64, num_chains=2, chain_method=chain_method

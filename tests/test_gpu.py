@@ -17,7 +17,7 @@ from numpyro.diagnostics import effective_sample_size
 
 from benchmarks.models import BENCHMARK_MODELS
 from numpyro_deer import DEERMALA, MCMC, DEERSolver
-from numpyro_deer._memory import free_device_bytes
+from numpyro_deer.infer.memory import free_device_bytes
 
 pytestmark = [
     pytest.mark.gpu,

@@ -12,7 +12,7 @@ from benchmarks.models import (
     make_ill_conditioned_gaussian_data,
 )
 from numpyro_deer import DEERMALA, MCMC, DEERSolver
-from numpyro_deer._hessian_mass import (
+from numpyro_deer.infer.hessian_mass import (
     EIGENVALUE_FLOOR,
     MAX_HESSIAN_DIM,
     hessian_inverse_mass,

@@ -170,8 +170,10 @@ def _run(fn, target, key=0):
 
 
 def _solver(strategy, **options):
-    # no sweep unless a test asks for one: the tests count plain Newton iterations
-    options = {"atol": ATOL, "rtol": RTOL, "max_iter": MAX_ITER, "sweep": 0, **options}
+    # no sweep unless a test asks for one (then from the first iteration): the
+    # tests count plain Newton iterations
+    defaults = {"max_iter": MAX_ITER, "sweep": 0, "sweep_after": 0}
+    options = {"atol": ATOL, "rtol": RTOL, **defaults, **options}
     return DEERSolver(strategy, **options)
 
 

@@ -5,8 +5,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from numpyro_deer._warmup import MAX_STEP_SIZE_SEARCH, find_reasonable_step_size
 from numpyro_deer.core import MALA, make_step_fn, make_tape
+from numpyro_deer.infer.warmup import MAX_STEP_SIZE_SEARCH, find_reasonable_step_size
 
 D = 10
 TARGET = 0.8

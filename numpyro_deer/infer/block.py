@@ -26,18 +26,18 @@ import jax
 import jax.numpy as jnp
 from jax import Array
 
-from ._hessian_mass import MAX_HESSIAN_DIM
-from .core.hessian import curvature_basis
-from .core.mala import MALA
-from .core.metric import mass_matrix_sqrt, mul_sqrt, solve_sqrt, whiten
-from .core.newton import DEERSolver, NewtonInfo, deer_solve, no_solve_info
-from .core.transition import (
+from ..core.hessian import curvature_basis
+from ..core.mala import MALA
+from ..core.metric import mass_matrix_sqrt, mul_sqrt, solve_sqrt, whiten
+from ..core.newton import DEERSolver, NewtonInfo, deer_solve, no_solve_info
+from ..core.transition import (
     Transition,
     finish_chain,
     make_sequential_step,
     make_step_fn,
     sequential_chain,
 )
+from .hessian_mass import MAX_HESSIAN_DIM
 
 
 class BlockBuffer(NamedTuple):

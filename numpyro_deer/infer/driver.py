@@ -30,8 +30,8 @@ import numpy as np
 import numpyro.infer
 import tqdm
 
-from . import _memory as memory
-from . import _numpyro_compat as compat
+from . import memory
+from . import numpyro_compat as compat
 
 
 class DEERConvergenceWarning(UserWarning):

@@ -25,11 +25,11 @@ from jax import Array
 from jax.flatten_util import ravel_pytree
 from numpyro.infer.hmc_util import build_adaptation_schedule, warmup_adapter
 
-from ._block import DEERMALAState, record_warmup_draw
-from ._hessian_mass import hessian_window_end
-from .core.mala import MALA, make_tape
-from .core.metric import mass_matrix_sqrt
-from .core.transition import make_step_fn
+from ..core.mala import MALA, make_tape
+from ..core.metric import mass_matrix_sqrt
+from ..core.transition import make_step_fn
+from .block import DEERMALAState, record_warmup_draw
+from .hessian_mass import hessian_window_end
 
 MAX_STEP_SIZE_SEARCH = 40
 """Most doublings or halvings of the step size in one search."""

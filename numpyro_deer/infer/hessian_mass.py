@@ -36,7 +36,7 @@ import jax.numpy as jnp
 from jax import Array
 from numpyro.infer.hmc_util import dual_averaging
 
-from .core.hessian import mean_hessian_eigh
+from ..core.hessian import mean_hessian_eigh
 
 EIGENVALUE_FLOOR = 1e-4
 """Smallest eigenvalue of the mean Hessian kept, relative to the largest."""

@@ -16,7 +16,10 @@ from numpyro.infer.mcmc import MCMCKernel
 from numpyro.infer.util import initialize_model
 from numpyro.util import identity, is_prng_key
 
-from ._block import (
+from ..core.gates import Gate
+from ..core.jacobian import JacobianStrategy, StochasticDiagonalJacobian
+from ..core.newton import DEERSolver
+from .block import (
     NUM_CURVATURE_POINTS,
     DEERMALAState,
     emit_draw,
@@ -24,13 +27,10 @@ from ._block import (
     needs_refill,
     refill_block,
 )
-from ._checks import check_model, translate_tracer_errors
-from ._hessian_mass import resolve_mass_adaptation
-from ._memory import check_buffer_memory
-from ._warmup import build_adapter, warmup_step
-from .core.gates import Gate
-from .core.jacobian import JacobianStrategy, StochasticDiagonalJacobian
-from .core.newton import DEERSolver
+from .checks import check_model, translate_tracer_errors
+from .hessian_mass import resolve_mass_adaptation
+from .memory import check_buffer_memory
+from .warmup import build_adapter, warmup_step
 
 
 class DEERMALA(MCMCKernel):
@@ -226,7 +226,7 @@ class DEERMALA(MCMCKernel):
             jacobian = StochasticDiagonalJacobian(num_probes=num_probes, clip=clip)
         elif isinstance(jacobian, str) and jacobian in ("diag", "full"):
             jacobian = {"diag": "DiagonalJacobian", "full": "FullJacobian"}[jacobian]
-            from . import core
+            from .. import core
 
             jacobian = getattr(core, jacobian)(clip=clip)
         self._solver = DEERSolver(
