@@ -20,8 +20,9 @@ __version__ = "0.1.0.dev0"
 
 # name -> module of the NumPyro layer that defines it (imported on first use)
 _NUMPYRO_LAYER = {
-    "DEERConvergenceWarning": ".infer.driver",
-    "DEERMALA": ".infer.kernel",
+    "DEERConvergenceError": ".infer.convergence",
+    "DEERConvergenceWarning": ".infer.convergence",
+    "DEERMALA": ".infer.mala",
     "MCMC": ".infer.driver",
     "UnsupportedModelError": ".infer.checks",
     "check_model": ".infer.checks",
@@ -29,13 +30,31 @@ _NUMPYRO_LAYER = {
 
 if TYPE_CHECKING:  # pragma: no cover
     from .infer.checks import UnsupportedModelError, check_model
-    from .infer.driver import MCMC, DEERConvergenceWarning
-    from .infer.kernel import DEERMALA
+    from .infer.convergence import DEERConvergenceError, DEERConvergenceWarning
+    from .infer.driver import MCMC
+    from .infer.mala import DEERMALA
+
+
+def _public(obj):
+    """Show ``obj`` as ``numpyro_deer.<name>`` (in reprs, errors, the docs)."""
+    obj.__module__ = __name__
+    return obj
+
+
+for _obj in (
+    DEERSolver,
+    DiagonalJacobian,
+    FullJacobian,
+    HardGate,
+    SigmoidGate,
+    StochasticDiagonalJacobian,
+):
+    _public(_obj)
 
 
 def __getattr__(name: str):
     if name in _NUMPYRO_LAYER:
-        value = getattr(import_module(_NUMPYRO_LAYER[name], __name__), name)
+        value = _public(getattr(import_module(_NUMPYRO_LAYER[name], __name__), name))
         globals()[name] = value
         return value
     raise AttributeError(f"module 'numpyro_deer' has no attribute {name!r}")
@@ -46,6 +65,7 @@ def __dir__():
 
 
 __all__ = [
+    "DEERConvergenceError",
     "DEERConvergenceWarning",
     "DEERMALA",
     "DEERSolver",

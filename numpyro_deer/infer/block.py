@@ -29,7 +29,7 @@ from jax import Array
 from ..core.hessian import curvature_basis
 from ..core.mala import MALA
 from ..core.metric import mass_matrix_sqrt, mul_sqrt, solve_sqrt, whiten
-from ..core.newton import DEERSolver, NewtonInfo, deer_solve, no_solve_info
+from ..core.newton import RESULTS, DEERSolver, NewtonInfo, deer_solve, no_solve_info
 from ..core.transition import (
     Transition,
     finish_chain,
@@ -82,7 +82,8 @@ class DEERMALAState(NamedTuple):
             (0 in warmup).
         deer_converged: whether that block's DEER solve passed; ``False`` means
             the block was finished sequentially from the solve's front (draws
-            still the chain).
+            still the chain) or, with ``on_failure="warn"``, kept as the
+            solve left it. ``block.info.result`` says why it stopped.
         adapt_state: NumPyro's ``HMCAdaptState`` (step size, mass matrix).
         rng_key: random key.
         block: the buffer of the current block (internal).
@@ -172,12 +173,17 @@ def refill_block(
     ravel: Callable[[Any], Array],
     solver: DEERSolver,
     method: str = "deer",
+    on_failure: str = "sequential",
     transition: Transition = MALA(),
 ) -> DEERMALAState:
     """Solve the next block from ``state.z`` with a fresh tape; ``index = 0``.
 
     ``method="sequential"`` computes the block with the sequential scan of the
-    same tape (the reference, and a user-selectable method). The block is
+    same tape (the reference, and a user-selectable method). A DEER solve that
+    does not converge is finished sequentially from its front (the states
+    before it are certified, the rest recomputed with the same tape), except
+    with ``on_failure="warn"``, which keeps the solve's last iterate unless it
+    turned non-finite. The block is
     solved in the whitened coordinates ``w = L^{-1} x``, rotated to the mean
     Hessian's eigenbasis when ``solver.solve_basis`` says so (both methods use
     the same basis, so they compute the same chain).
@@ -215,8 +221,11 @@ def refill_block(
         u, step_info, info = deer_solve(
             step_fn, u0, tape_u, key_probe, solver, None, sequential
         )
+        finish = ~info.converged
+        if on_failure == "warn":
+            finish = info.result == RESULTS.nonfinite
         u, step_info = jax.lax.cond(
-            info.converged,
+            ~finish,
             lambda _: (u, step_info),
             lambda _: finish_chain(
                 transition, potential_u, u0, tape_u, step_size, u, step_info, info.front

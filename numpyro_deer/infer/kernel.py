@@ -1,12 +1,16 @@
-"""``DEERMALA``: the NumPyro kernel."""
+"""The NumPyro kernel: a taped transition solved in blocks by DEER.
+
+:class:`_DEERKernel` is the kernel for any :class:`~numpyro_deer.core.Transition`
+(initialisation, warmup with NumPyro's adaptation, the block buffer, the
+failure policy). A transition's public kernel subclasses it:
+:class:`~numpyro_deer.DEERMALA` (:mod:`numpyro_deer.infer.mala`) for MALA.
+"""
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 from collections.abc import Callable
 from functools import partial
-from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -16,9 +20,9 @@ from numpyro.infer.mcmc import MCMCKernel
 from numpyro.infer.util import initialize_model
 from numpyro.util import identity, is_prng_key
 
-from ..core.gates import Gate
-from ..core.jacobian import JacobianStrategy, StochasticDiagonalJacobian
 from ..core.newton import DEERSolver
+from ..core.transition import Transition
+from .arguments import check_kernel_arguments
 from .block import (
     NUM_CURVATURE_POINTS,
     DEERMALAState,
@@ -27,229 +31,88 @@ from .block import (
     needs_refill,
     refill_block,
 )
-from .checks import check_model, translate_tracer_errors
+from .chains import (
+    check_initial_potential,
+    float_params,
+    has_chain_axis,
+    map_chains,
+    on_cpu,
+)
+from .checks import (
+    UnsupportedModelError,
+    check_model,
+    non_finite_sites_message,
+    translate_tracer_errors,
+)
+from .convergence import raise_unconverged, warn_unconverged
 from .hessian_mass import resolve_mass_adaptation
 from .memory import check_buffer_memory
-from .warmup import build_adapter, warmup_step
+from .warmup import (
+    batched_hessian_window_end,
+    build_adapter,
+    find_reasonable_step_size,
+    warmup_step,
+)
+
+MATMUL_PRECISION = "highest"
+"""Precision of the kernel's matrix products (``jax.default_matmul_precision``):
+float32 products are not computed in TF32 on GPUs, which would make the batched
+and the sequential evaluation of a step differ far beyond float32 rounding."""
 
 
-class DEERMALA(MCMCKernel):
-    r"""Metropolis-adjusted Langevin algorithm, parallel across the chain length.
+class _DEERKernel(MCMCKernel):
+    """A taped transition as a NumPyro kernel whose blocks DEER solves.
 
-    After warmup, ``DEERMALA`` computes blocks of ``block_size`` MALA transitions
-    at once: all randomness of a block is drawn first, the block is the solution
-    of the fixed-point problem ``s_t = f_t(s_{t-1})``, and DEER finds it with
-    parallel Newton iterations whose linear step is an associative scan (Lim et
-    al., 2024; Gonzalez et al., 2024; Zoltowski et al., 2025). The result is the
-    chain a sequential MALA would produce from the same randomness, up to the
-    solver tolerance, which each block certifies by its residual. On a GPU the
-    ``B`` latency-bound steps become a few dozen throughput-bound passes.
-
-    One MALA step with step size :math:`\epsilon` and inverse mass matrix
-    :math:`M` (Roberts and Tweedie, 1996) proposes
-    :math:`y = x - \epsilon M \nabla U(x) + \sqrt{2\epsilon} M^{1/2}\xi` and
-    accepts it with probability
-    :math:`\min(1, e^{U(x) - U(y)} q(x \mid y) / q(y \mid x))`.
-
-    Warmup runs sequentially (one step per draw) with NumPyro's
-    ``warmup_adapter``: dual averaging of the step size toward
-    ``target_accept_prob`` and windowed Welford estimates of a diagonal or dense
-    mass matrix. Then step size and mass matrix are fixed and blocks are solved.
-
-    Inside ``numpyro.infer.MCMC`` the kernel hands out one buffered draw per
-    ``sample`` call; that is correct but the per-draw loop costs more than a
-    MALA step on a GPU. Use :class:`numpyro_deer.MCMC`, a drop-in driver that
-    advances a whole block per iteration, for speed: it gives the same draws.
-
-    Args:
-        model: a NumPyro model with continuous latent sites.
-        potential_fn: instead of a model, a potential energy (negative log
-            density) on a pytree of unconstrained values; ``init_params`` must
-            then be given to ``MCMC.run``.
-        step_size: initial step size (adapted in warmup when
-            ``adapt_step_size``).
-        block_size: transitions per DEER solve.
-        jacobian: ``"stochastic"`` (Hutchinson diagonal), ``"diag"`` (exact
-            diagonal), ``"full"`` (dense; on ill-conditioned posteriors of a
-            few dozen dimensions it converges where the diagonal does not) or
-            a strategy object.
-        num_probes: Rademacher probes per step for ``"stochastic"``.
-        clip: bound of the Jacobian approximation (``None`` for none): the
-            diagonal is clipped to ``[-clip, clip]``; a dense Jacobian is
-            scaled down to spectral norm ``clip`` (``FullJacobian``), which
-            makes ``"full"`` converge where accepted steps expand (eight
-            schools). ``jacobian=FullJacobian()`` is the unclipped one.
-        gate: derivative of the accept decision: ``"hard"``, ``"sigmoid"`` or a
-            gate object such as ``SigmoidGate(temperature=0.5)``.
-        adapt_step_size: adapt the step size in warmup (dual averaging).
-        adapt_mass_matrix: how warmup adapts the mass matrix. ``"hessian"``:
-            at each window end the inverse of the potential's Hessian averaged
-            over 16 recent warmup draws (eigenvalues in absolute value, floored
-            at 1e-4 of the largest), a dense matrix whatever ``dense_mass``
-            says. It needs no more effective draws than there are points, and
-            in it every direction has the same mean curvature: on the H200
-            benchmarks it raised the effective sample size per draw 2.4x to
-            400x on all six benchmark models at about the same cost per block
-            (see the ablation page). Costs ``16 D`` Hessian-vector products per
-            window end, and the dense matrix ``D^2`` per step. ``True``:
-            windowed Welford estimates of the draws' covariance (NumPyro's
-            scheme; diagonal unless ``dense_mass``). ``False``: the identity.
-            ``"auto"`` (the default): ``"hessian"`` up to ``D = 512`` latent
-            dimensions unless ``dense_mass=True``, ``True`` otherwise; the
-            choice made is :attr:`mass_adaptation` after ``init``.
-        dense_mass: with ``adapt_mass_matrix=True``, a dense rather than
-            diagonal sample covariance (and ``"auto"`` then means ``True``).
-        target_accept_prob: acceptance rate the step size is adapted to.
-            ``0.574`` is the optimal rate of sequential MALA (Roberts and
-            Rosenthal, 1998), but with DEER a smaller step converges in far
-            fewer Newton iterations (on eight schools the blocks converge
-            only with it), so the default is
-            ``0.9``; see the ablation page of the docs for the trade-off.
-        init_strategy: NumPyro initialization strategy.
-        atol: absolute tolerance of the solver (see ``DEERSolver``).
-        rtol: relative tolerance of the solver.
-        max_iter: Newton iterations per solve.
-        max_solves: solves per block (each restarts at the front); a block
-            not done after ``max_iter * max_solves`` iterations is finished
-            sequentially from its front and reported as not converged.
-        damping: the Jacobian is scaled by ``1 - damping``.
-        window: steps per Newton iteration (``None``: the whole block).
-        sweep: sequential steps computed at the start of each Newton
-            iteration (after the first ``sweep_after``) from the front and
-            from every local front (a failing step after a passing one), side
-            by side, carrying the gradient. They are tested like every other
-            step, so the chain is the same; a stretch the Jacobian estimate
-            cannot follow (a funnel's neck) then shrinks by up to
-            ``sweep + 1`` steps per iteration instead of a few. ``0``: no
-            sweep. The default ``8`` (after 20 iterations) comes from the
-            eighth ablation run: on the H200 it halves the iterations of eight
-            schools and the hierarchical model and makes stochastic
-            volatility 2x faster, and blocks that converge within 20
-            iterations never run it.
-        sweep_segments: how many segments a sweep runs side by side
-            (``None``: ``block_size // sweep``).
-        sweep_after: Newton iterations of a block before its sweeps start.
-        coupled_segments: ``n > 0`` replaces each block's initial guess by
-            ``n`` segments of ``block_size / n`` steps computed one step
-            after the other, side by side, each pass starting a segment from
-            where its predecessor ended in the pass before, until the starts
-            stop moving, then repairing from the steps that fail the batched
-            test (at most 6 passes in all). Chains driven by the same tape
-            from different states meet, so a segment longer than that meeting
-            time is the chain itself after two passes, and the Newton solve
-            has little left to do. The segments are tested like every other step
-            (the chain is the same); they cost ``block_size / n`` sequential
-            steps per pass. ``0`` (the default): none. For posteriors whose
-            blocks need hundreds of iterations (stochastic volatility); see
-            the choosing-options page of the docs.
-        initial_guess: the iterate each solve starts from: ``"start"`` (the
-            block's first state repeated) or ``"previous"`` (the previous
-            block's draws; the first block after warmup uses the start). It
-            changes the iteration count, not the chain.
-        solve_basis: coordinates of the Newton solve. ``"whitened"``:
-            ``w = L^{-1} x`` with ``M = L L^T`` the adapted inverse mass
-            matrix. ``"hessian"``: ``w`` rotated to the eigenvectors of the
-            Hessian of the potential averaged over 16 draws (from the later
-            warmup for the first block, then from the previous block), where a
-            step's Jacobian ``I - eps H`` is nearly diagonal, so the diagonal
-            Jacobian strategies converge in far fewer iterations on correlated
-            posteriors. Costs ``16 D`` Hessian-vector products and a ``D x D``
-            eigendecomposition per block and a ``D x D`` product per gradient,
-            for moderate ``D`` (hundreds). ``"auto"`` (the default) is
-            ``"hessian"`` up to ``D = 512`` and ``"whitened"`` above. On the
-            H200 ablation (B=16,384) the Hessian basis took logistic
-            regression from 26 to 11 iterations, the D=100 one from 37 to 20
-            and the ill-conditioned Gaussian from 300 (unconverged) to 7,
-            and left eight schools unchanged. The chain is the same in either
-            basis (a rotation commutes with MALA of identity mass).
-        matmul_precision: precision of matrix products inside the kernel
-            (``jax.default_matmul_precision``), ``"highest"`` by default so
-            that float32 products are not computed in TF32 on GPUs, which
-            would make the batched and the sequential chain differ; ``None``
-            keeps JAX's setting.
-        method: ``"deer"`` (parallel Newton) or ``"sequential"``: the same
-            taped chain computed by :func:`jax.lax.scan`, one step after the
-            other (the reference; useful on CPU and for checking).
-        validate_model: check the model for unsupported features at init.
+    ``transition`` is the :class:`~numpyro_deer.core.Transition` (warmup takes
+    one :meth:`~numpyro_deer.core.Transition.step` per draw on a one-step tape;
+    sampling solves blocks of its steps); the other arguments are those of
+    :class:`DEERMALA`. Subclasses fix the transition and document the
+    arguments.
     """
 
     sample_field = "z"
 
     def __init__(
         self,
+        transition: Transition,
         model: Callable | None = None,
         potential_fn: Callable | None = None,
         *,
         step_size: float = 1.0,
-        block_size: int = 4096,
-        jacobian: str | JacobianStrategy = "stochastic",
-        num_probes: int = 1,
-        clip: float | None = 1.0,
-        gate: str | Gate = "hard",
         adapt_step_size: bool = True,
         adapt_mass_matrix: bool | str = "auto",
         dense_mass: bool = False,
         target_accept_prob: float = 0.9,
         init_strategy: Callable = init_to_uniform,
-        atol: float | None = None,
-        rtol: float | None = None,
-        max_iter: int = 100,
-        max_solves: int = 3,
-        sweep: int = 8,
-        sweep_after: int = 20,
-        solve_basis: str = "auto",
+        block_size: int = 4096,
         method: str = "deer",
-        matmul_precision: str | None = "highest",
+        solver: DEERSolver = DEERSolver(),
+        on_failure: str = "sequential",
         validate_model: bool = True,
     ):
-        if (model is None) == (potential_fn is None):
-            raise ValueError("DEERMALA needs exactly one of `model` or `potential_fn`.")
-        if not (isinstance(block_size, int) and block_size >= 1):
-            raise ValueError(f"block_size={block_size!r}: use an integer >= 1.")
-        if not step_size > 0:
-            raise ValueError(f"step_size={step_size!r}: use a positive number.")
-        if not 0 < target_accept_prob < 1:
-            raise ValueError(
-                f"target_accept_prob={target_accept_prob!r}: use a value in (0, 1)."
-            )
-        if adapt_mass_matrix not in (True, False, "hessian", "auto"):
-            raise ValueError(
-                f"adapt_mass_matrix={adapt_mass_matrix!r}: use 'auto' (the "
-                "default), True (the draws' covariance), False or 'hessian' (the "
-                "inverse mean Hessian)."
-            )
-        if not isinstance(dense_mass, bool):
-            raise ValueError(
-                "DEERMALA supports dense_mass=True or False, not a list of site groups."
-            )
-        if isinstance(jacobian, str) and jacobian == "stochastic":
-            jacobian = StochasticDiagonalJacobian(num_probes=num_probes, clip=clip)
-        elif isinstance(jacobian, str) and jacobian in ("diag", "full"):
-            jacobian = {"diag": "DiagonalJacobian", "full": "FullJacobian"}[jacobian]
-            from .. import core
-
-            jacobian = getattr(core, jacobian)(clip=clip)
-        self._solver = DEERSolver(
-            jacobian=jacobian,
-            gate=gate,
-            solve_basis=solve_basis,
-            atol=atol,
-            rtol=rtol,
-            max_iter=max_iter,
-            max_solves=max_solves,
-            sweep=sweep,
-            sweep_after=sweep_after,
+        name = type(self).__name__
+        check_kernel_arguments(
+            name,
+            model=model,
+            potential_fn=potential_fn,
+            step_size=step_size,
+            adapt_step_size=adapt_step_size,
+            adapt_mass_matrix=adapt_mass_matrix,
+            dense_mass=dense_mass,
+            target_accept_prob=target_accept_prob,
+            block_size=block_size,
+            method=method,
+            solver=solver,
+            on_failure=on_failure,
         )
-        if method not in ("deer", "sequential"):
-            raise ValueError(
-                f"method={method!r}: use 'deer' (parallel Newton) or 'sequential'."
-            )
+        self._transition = transition
+        self._solver = solver
         self._method = method
-        self._matmul_precision = matmul_precision
+        self._on_failure = on_failure
         self._model = model
         self._potential_fn = potential_fn
         self._step_size = float(step_size)
-        self._block_size = block_size
+        self._block_size = int(block_size)
         self._adapt_step_size = adapt_step_size
         self._adapt_mass_matrix = adapt_mass_matrix
         # "auto" resolved against the latent dimension at init
@@ -263,6 +126,7 @@ class DEERMALA(MCMCKernel):
         self._postprocess_fn = None
         self._unravel = None
         self._sample_fn = None
+        self._warned_unconverged = False
 
     # ------------------------------------------------------------------ props
     @property
@@ -276,6 +140,14 @@ class DEERMALA(MCMCKernel):
     @property
     def solver(self) -> DEERSolver:
         return self._solver
+
+    @property
+    def on_failure(self) -> str:
+        return self._on_failure
+
+    @property
+    def transition(self) -> Transition:
+        return self._transition
 
     @property
     def default_fields(self):
@@ -308,7 +180,7 @@ class DEERMALA(MCMCKernel):
         windowed covariance) or ``False``; ``"auto"`` until :meth:`init`."""
         return self._mass_adaptation
 
-    def _adapter(self, potential_flat):
+    def _adapter(self, potential_flat, window_end=True):
         return build_adapter(
             potential_flat,
             self._num_warmup,
@@ -316,6 +188,8 @@ class DEERMALA(MCMCKernel):
             dense_mass=self._dense_mass,
             adapt_step_size=self._adapt_step_size,
             target_accept_prob=self._target_accept_prob,
+            window_end=window_end,
+            transition=self._transition,
         )
 
     # -------------------------------------------------------------------- init
@@ -329,39 +203,68 @@ class DEERMALA(MCMCKernel):
             return init_params
         if self._validate_model:
             check_model(self._model, model_args, model_kwargs, rng_key)
-        with translate_tracer_errors():
-            params_info, self._potential_fn_gen, self._postprocess_fn, _ = (
-                initialize_model(
-                    rng_key,
-                    self._model,
-                    dynamic_args=True,
-                    init_strategy=self._init_strategy,
-                    model_args=model_args,
-                    model_kwargs=model_kwargs,
+        try:
+            with translate_tracer_errors():
+                params_info, self._potential_fn_gen, self._postprocess_fn, _ = (
+                    initialize_model(
+                        rng_key,
+                        self._model,
+                        dynamic_args=True,
+                        init_strategy=self._init_strategy,
+                        model_args=model_args,
+                        model_kwargs=model_kwargs,
+                    )
                 )
-            )
+        except RuntimeError as err:
+            if "Cannot find valid initial parameters" not in str(err):
+                raise
+            raise RuntimeError(
+                str(err)
+                + " "
+                + non_finite_sites_message(
+                    self._model, model_args, model_kwargs, rng_key
+                )
+            ) from err
         return params_info[0] if init_params is None else init_params
 
     def init(self, rng_key, num_warmup, init_params, model_args, model_kwargs):
         self._num_warmup = num_warmup
+        self._warned_unconverged = False
         vectorized = not is_prng_key(rng_key)
         if vectorized:
+            # the chain axis comes from where the parameters came from: the
+            # user's init_params carry one (as for NumPyro's kernels), the
+            # kernel's own initialization is vmapped over the chains' keys
+            num_chains = rng_key.shape[0]
             rng_key, key_model = jnp.swapaxes(jax.vmap(jax.random.split)(rng_key), 0, 1)
+            user_params = init_params
             init_params = self._init_model(
                 key_model[0], model_args, model_kwargs, init_params
             )
-            if not _has_chain_axis(init_params, rng_key.shape[0]):
+            if user_params is None:
                 params = self._init_model
                 init_params = jax.vmap(
                     lambda k: params(k, model_args, model_kwargs, None)
                 )(key_model)
+            elif not has_chain_axis(init_params, num_chains):
+                raise ValueError(
+                    "init_params for vectorized chains need a leading axis of "
+                    f"length num_chains={num_chains} on every site."
+                )
         else:
             rng_key, key_model = jax.random.split(rng_key)
             init_params = self._init_model(
                 key_model, model_args, model_kwargs, init_params
             )
+        init_params = float_params(init_params)
         one = jax.tree.map(lambda x: x[0], init_params) if vectorized else init_params
         flat, self._unravel = ravel_pytree(one)
+        if flat.size == 0:
+            raise UnsupportedModelError(
+                "DEERMALA: the model has no latent sample sites (nothing to "
+                "sample): every numpyro.sample site is observed or the model has "
+                "none. Use numpyro.infer.Predictive to draw from it."
+            )
         self._mass_adaptation = resolve_mass_adaptation(
             self._adapt_mass_matrix, self._dense_mass, flat.size
         )
@@ -405,35 +308,62 @@ class DEERMALA(MCMCKernel):
                 init_params, rng_key
             )
         self._sample_fn = partial(self._sample, batched=vectorized)
-        _check_initial_potential(state.potential_energy)
+        check_initial_potential(state.potential_energy)
         return state
 
     # ------------------------------------------------------------------ sample
-    def _precision(self):
-        if self._matmul_precision is None:
-            return contextlib.nullcontext()
-        return jax.default_matmul_precision(self._matmul_precision)
+    @staticmethod
+    def _precision():
+        return jax.default_matmul_precision(MATMUL_PRECISION)
 
     def block_warmup(self, state, model_args, model_kwargs, batched=False):
         """One warmup step (the driver calls this while ``i < num_warmup``)."""
-        with self._precision():
+        with self._precision(), translate_tracer_errors():
             return self._block_warmup(state, model_args, model_kwargs, batched)
 
     def _block_warmup(self, state, model_args, model_kwargs, batched):
         potential_flat = self._potential_flat(model_args, model_kwargs)
-        _, wa_update = self._adapter(potential_flat)
+        # vectorized chains take the Hessian metric once for all (see
+        # batched_hessian_window_end), not inside vmap; on the CPU the chains
+        # are mapped one after the other (see map_chains), so each chain's
+        # window end is a plain cond
+        shared_end = batched and self._mass_adaptation == "hessian" and not on_cpu()
+        _, wa_update = self._adapter(potential_flat, window_end=not shared_end)
         step = partial(
             warmup_step,
             potential_flat=potential_flat,
             adapter_update=wa_update,
             num_warmup=self._num_warmup,
             unravel=self._unravel,
+            transition=self._transition,
         )
-        return jax.vmap(step)(state) if batched else step(state)
+        if not batched:
+            return step(state)
+        new = map_chains(step, state)
+        if not shared_end:
+            return new
+        find_step_size = None
+        if self._adapt_step_size:
+            find_step_size = partial(
+                find_reasonable_step_size,
+                potential_flat,
+                self._target_accept_prob,
+                transition=self._transition,
+            )
+        adapt = batched_hessian_window_end(
+            state.adapt_state,
+            new.adapt_state,
+            potential_flat,
+            new.curvature_points,
+            jax.vmap(lambda z: ravel_pytree(z)[0])(new.z),
+            self._num_warmup,
+            find_step_size,
+        )
+        return new._replace(adapt_state=adapt)
 
     def block_refill(self, state, model_args, model_kwargs, batched=False):
         """Solve a new block where the buffer is used up or the key was replaced."""
-        with self._precision():
+        with self._precision(), translate_tracer_errors():
             return self._block_refill(state, model_args, model_kwargs, batched)
 
     def _block_refill(self, state, model_args, model_kwargs, batched):
@@ -441,15 +371,36 @@ class DEERMALA(MCMCKernel):
         ravel = lambda z: ravel_pytree(z)[0]  # noqa: E731
 
         # Chains solved together: the solver is told so (see DEERSolver.vmapped).
-        solver = dataclasses.replace(self._solver, vmapped=batched)
+        solver = dataclasses.replace(self._solver, vmapped=batched and not on_cpu())
 
         def refill(s):
-            return refill_block(s, potential_flat, ravel, solver, self._method)
+            return refill_block(
+                s,
+                potential_flat,
+                ravel,
+                solver,
+                self._method,
+                self._on_failure,
+                self._transition,
+            )
 
         if batched:
-            need = jnp.any(jax.vmap(needs_refill)(state))
-            return jax.lax.cond(need, jax.vmap(refill), identity, state)
-        return jax.lax.cond(needs_refill(state), refill, identity, state)
+            fresh = jax.vmap(needs_refill)(state)
+            new = jax.lax.cond(
+                jnp.any(fresh), lambda s: map_chains(refill, s), identity, state
+            )
+        else:
+            fresh = needs_refill(state)
+            new = jax.lax.cond(fresh, refill, identity, state)
+        if self._on_failure == "raise":
+            # the error comes from the host, through the compiled program
+            result = jnp.where(fresh, new.block.info.result, 0)
+            jax.lax.cond(
+                jnp.any(result != 0),
+                lambda: jax.debug.callback(raise_unconverged, result),
+                lambda: None,
+            )
+        return new
 
     def block_emit(self, state, k, batched=False):
         """The state after handing out buffer entry ``k`` (all chains if batched)."""
@@ -471,13 +422,32 @@ class DEERMALA(MCMCKernel):
         def sampling(s):
             s = self._block_refill(s, model_args, model_kwargs, batched)
             index = s.block.index[0] if batched else s.block.index
+            # a block just solved (index 0) that did not converge is reported
+            # from the host; the driver counts blocks itself instead
+            failed = (index == 0) & ~s.block.info.converged
+            jax.lax.cond(
+                jnp.any(failed),
+                lambda: jax.debug.callback(
+                    self._report_unconverged,
+                    jnp.sum(failed, dtype=jnp.int32),
+                    jnp.max(jnp.where(failed, s.block.info.result, 0)),
+                ),
+                lambda: None,
+            )
             return self.block_emit(s, index, batched=batched)
 
         i = state.i[0] if batched else state.i
         return jax.lax.cond(i < self._num_warmup, warmup, sampling, state)
 
+    def _report_unconverged(self, failed, result) -> None:
+        """Warn, once per ``init``, that a block's solve did not converge."""
+        if self._warned_unconverged:
+            return
+        self._warned_unconverged = True
+        warn_unconverged(int(failed), None, self._on_failure, 1 << int(result))
+
     def sample(self, state, model_args, model_kwargs):
-        with self._precision():
+        with self._precision(), translate_tracer_errors():
             return self._sample_fn(state, model_args, model_kwargs)
 
     def postprocess_fn(self, model_args, model_kwargs):
@@ -491,21 +461,3 @@ class DEERMALA(MCMCKernel):
         for name in ("_sample_fn", "_potential_fn_gen", "_postprocess_fn", "_unravel"):
             state[name] = None
         return state
-
-
-def _has_chain_axis(params: Any, num_chains: int) -> bool:
-    leaves = jax.tree.leaves(params)
-    return bool(leaves) and all(
-        jnp.ndim(x) >= 1 and jnp.shape(x)[0] == num_chains for x in leaves
-    )
-
-
-def _check_initial_potential(potential_energy) -> None:
-    if isinstance(potential_energy, jax.core.Tracer):
-        return
-    if not bool(jnp.all(jnp.isfinite(potential_energy))):
-        raise ValueError(
-            "DEERMALA: the potential energy at the initial parameters is not "
-            "finite. Check the model's data and priors, or pass valid "
-            "`init_params` (unconstrained values) or another `init_strategy`."
-        )
