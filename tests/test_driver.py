@@ -20,7 +20,13 @@ from benchmarks.models import (
     make_dirichlet_categorical_data,
     make_ill_conditioned_gaussian_data,
 )
-from numpyro_deer import DEERMALA, MCMC, DEERConvergenceWarning, DEERSolver
+from numpyro_deer import (
+    DEERMALA,
+    MCMC,
+    DEERConvergenceError,
+    DEERConvergenceWarning,
+    DEERSolver,
+)
 
 from .helpers import STOCK_RUN_CONFIG, gaussian_data
 
@@ -242,6 +248,42 @@ def test_unconverged_blocks_fall_back_and_warn():
             DEERConvergenceWarning, match="num_warmup.*sweep=16.*simplefilter"
         ):
             mcmc.run(jax.random.PRNGKey(6), *args, **kwargs)
+
+
+def test_on_failure_warn_keeps_the_iterate_and_raise_stops():
+    args, kwargs = gaussian_data(0.5)
+    solver = DEERSolver(max_iter=2, max_solves=1)
+    reference = MCMC(
+        DEERMALA(gaussian_mean_model, block_size=64, method="sequential"),
+        num_warmup=50,
+        num_samples=128,
+        progress_bar=False,
+    )
+    reference.run(jax.random.PRNGKey(5), *args, **kwargs)
+    chain = np.asarray(reference.get_samples()["mu"])
+
+    kernel = DEERMALA(
+        gaussian_mean_model, block_size=64, solver=solver, on_failure="warn"
+    )
+    mcmc = MCMC(kernel, num_warmup=50, num_samples=128, progress_bar=False)
+    with pytest.warns(DEERConvergenceWarning, match="iteration limit.*NOT the chain"):
+        mcmc.run(jax.random.PRNGKey(5), *args, **kwargs)
+    draws = np.asarray(mcmc.get_samples()["mu"])
+    # two iterations certify at least the first two steps of each block; the
+    # rest of the block is the solve's iterate, not the chain
+    np.testing.assert_allclose(draws[[0, 1, 64, 65]], chain[[0, 1, 64, 65]], atol=1e-8)
+    assert np.max(np.abs(draws - chain)) > 1e-6
+
+    kernel = DEERMALA(
+        gaussian_mean_model, block_size=64, solver=solver, on_failure="raise"
+    )
+    mcmc = MCMC(kernel, num_warmup=50, num_samples=128, progress_bar=False)
+    with pytest.raises(DEERConvergenceError, match="iteration limit"):
+        mcmc.run(jax.random.PRNGKey(5), *args, **kwargs)
+    # under stock MCMC the error comes through JAX's runtime error
+    stock = StockMCMC(kernel, num_warmup=50, num_samples=128, progress_bar=False)
+    with pytest.raises(RuntimeError, match="DEERConvergenceError.*iteration limit"):
+        stock.run(jax.random.PRNGKey(5), *args, **kwargs)
 
 
 @pytest.mark.parametrize("jit_model_args", [False, True])

@@ -74,8 +74,8 @@ def gate_from_name(gate: str | Gate) -> Gate:
     if isinstance(gate, str) and gate in _GATES:
         return _GATES[gate]()
     raise ValueError(
-        f"gate={gate!r} is not a gate: use 'hard', 'sigmoid', HardGate() or "
-        "SigmoidGate(temperature=...)."
+        f"gate={gate!r} is not a gate treatment: use 'hard', 'sigmoid', "
+        "HardGate() or SigmoidGate(temperature=...)."
     )
 
 

@@ -177,7 +177,8 @@ def _clip(diag: Array, clip: float | None) -> Array:
 def _check_clip(name: str, clip: float | None) -> None:
     if clip is not None and not (isinstance(clip, int | float) and 0 < clip < inf):
         raise ValueError(
-            f"{name}(clip={clip!r}): clip must be None or a positive finite number."
+            f"{name}(clip={clip!r}): use a finite positive number, or None for no "
+            "clipping."
         )
 
 

@@ -425,6 +425,8 @@ class _DEERKernel(MCMCKernel):
             # a block just solved (index 0) that did not converge is reported
             # from the host; the driver counts blocks itself instead
             failed = (index == 0) & ~s.block.info.converged
+            if self._on_failure == "raise":  # raised by the refill already
+                return self.block_emit(s, index, batched=batched)
             jax.lax.cond(
                 jnp.any(failed),
                 lambda: jax.debug.callback(
