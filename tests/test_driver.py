@@ -55,7 +55,9 @@ def test_same_draws_as_stock_mcmc(stock_run):
     for a, b in zip(
         jax.tree.leaves(mcmc.last_state), jax.tree.leaves(stock.last_state), strict=True
     ):
-        np.testing.assert_allclose(a, b, rtol=1e-10)
+        # atol: the certificate (block.info.residual, ~1e-15 here) is a max of
+        # rounding errors, which the two compiled loops round differently
+        np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-13)
 
 
 @pytest.fixture(scope="module")

@@ -1,7 +1,7 @@
 """``numpyro_deer.MCMC``: a drop-in ``numpyro.infer.MCMC`` advancing a block per loop.
 
 Stock ``MCMC`` calls the kernel once per draw; on a GPU that loop alone costs
-more than a sequential MALA step (see the benchmarks page of the docs). For a
+more than a sequential MALA step (see the performance page of the docs). For a
 block kernel (one with ``block_refill`` and ``block_emit``, such as
 :class:`~numpyro_deer.DEERMALA`) this driver instead
 

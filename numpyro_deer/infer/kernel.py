@@ -66,7 +66,7 @@ class _DEERKernel(MCMCKernel):
     ``transition`` is the :class:`~numpyro_deer.core.Transition` (warmup takes
     one :meth:`~numpyro_deer.core.Transition.step` per draw on a one-step tape;
     sampling solves blocks of its steps); the other arguments are those of
-    :class:`DEERMALA`. Subclasses fix the transition and document the
+    :class:`~numpyro_deer.DEERMALA`. Subclasses fix the transition and document the
     arguments.
     """
 
