@@ -254,7 +254,7 @@ def test_unconverged_blocks_fall_back_and_warn():
 
 def test_on_failure_warn_keeps_the_iterate_and_raise_stops():
     args, kwargs = gaussian_data(0.5)
-    solver = DEERSolver(max_iter=2, max_solves=1)
+    solver = DEERSolver(max_iter=1, max_solves=1)
     reference = MCMC(
         DEERMALA(gaussian_mean_model, block_size=64, method="sequential"),
         num_warmup=50,
@@ -271,9 +271,10 @@ def test_on_failure_warn_keeps_the_iterate_and_raise_stops():
     with pytest.warns(DEERConvergenceWarning, match="iteration limit.*NOT the chain"):
         mcmc.run(jax.random.PRNGKey(5), *args, **kwargs)
     draws = np.asarray(mcmc.get_samples()["mu"])
-    # two iterations certify at least the first two steps of each block; the
-    # rest of the block is the solve's iterate, not the chain
-    np.testing.assert_allclose(draws[[0, 1, 64, 65]], chain[[0, 1, 64, 65]], atol=1e-8)
+    # one iteration makes the first step of the block exact; the rest of the
+    # block is the solve's iterate, not the chain (nor is the next block, which
+    # starts from its last state)
+    np.testing.assert_allclose(draws[0], chain[0], atol=1e-8)
     assert np.max(np.abs(draws - chain)) > 1e-6
 
     kernel = DEERMALA(

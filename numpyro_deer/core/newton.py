@@ -358,7 +358,12 @@ def solve_loop(
         jnp.where(
             carry.nonfinite,
             RESULTS.nonfinite,
-            jnp.where(progressed, RESULTS.max_iterations_reached, RESULTS.no_progress),
+            # a solve without progress stops the loop before the last solve
+            jnp.where(
+                progressed | (solves >= solver.max_solves),
+                RESULTS.max_iterations_reached,
+                RESULTS.no_progress,
+            ),
         ),
     ).astype(jnp.int32)
     info = NewtonInfo(
