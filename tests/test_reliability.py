@@ -265,6 +265,7 @@ def test_int_of_a_model_argument_under_jit_model_args():
         mcmc.run(jax.random.PRNGKey(0), 3)
 
 
+@pytest.mark.filterwarnings("ignore:Out-of-support values")
 def test_nan_in_the_data_names_the_site():
     data = np.zeros(5)
     data[2] = np.nan
@@ -282,3 +283,26 @@ def test_integer_init_params_are_taken_as_floats():
     )
     mcmc.run(jax.random.PRNGKey(0), y=jnp.ones(3), init_params={"mu": jnp.array(1)})
     assert jnp.issubdtype(mcmc.get_samples()["mu"].dtype, jnp.floating)
+
+
+def test_batched_hessian_window_end_matches_the_mapped_chains(monkeypatch):
+    """The accelerator path (chains batched, one window-end cond for all)
+    computes the chains the CPU path (chains mapped) does."""
+    import numpyro_deer.infer.kernel as kernel_module
+
+    def run():
+        kernel = DEERMALA(four_normals, block_size=16, adapt_mass_matrix="hessian")
+        mcmc = MCMC(
+            kernel,
+            num_warmup=60,
+            num_samples=32,
+            num_chains=2,
+            chain_method="vectorized",
+            progress_bar=False,
+        )
+        mcmc.run(jax.random.PRNGKey(4))
+        return mcmc.get_samples()["x"]
+
+    mapped = run()
+    monkeypatch.setattr(kernel_module, "on_cpu", lambda: False)
+    np.testing.assert_allclose(run(), mapped, rtol=1e-7, atol=1e-9)
