@@ -227,7 +227,7 @@ def test_bad_options_are_rejected_at_construction(options, match):
         (lambda: DEERSolver(gate=5), "gate=5 is not a gate treatment"),
         (
             lambda: StochasticDiagonalJacobian(clip=math.inf),
-            "clip=inf: use a finite positive number, or None",
+            r"clip=inf\): use a finite positive number, or None",
         ),
     ],
 )
