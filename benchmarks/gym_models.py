@@ -34,7 +34,7 @@ import numpyro
 import numpyro.distributions as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from numpyro_deer.models import BENCHMARK_MODELS  # noqa: E402
+from benchmarks.models import BENCHMARK_MODELS  # noqa: E402
 
 REFERENCE_DIR = Path(__file__).resolve().parent / "results" / "references"
 
@@ -136,9 +136,9 @@ def _gym_eight_schools():
     t = _gym().targets.EightSchools()
     mean, sd = _identity_truth(t)
     # the Gym keeps its data inside the likelihood closure; the values are those
-    # of its docstring and of `numpyro_deer.models.EIGHT_SCHOOLS_*`, checked
+    # of its docstring and of `benchmarks.models.EIGHT_SCHOOLS_*`, checked
     # against its log density by `gym_log_density_gap`
-    from numpyro_deer.models import EIGHT_SCHOOLS_SIGMA, EIGHT_SCHOOLS_Y
+    from benchmarks.models import EIGHT_SCHOOLS_SIGMA, EIGHT_SCHOOLS_Y
 
     args = (jnp.asarray(EIGHT_SCHOOLS_SIGMA), jnp.asarray(EIGHT_SCHOOLS_Y))
     truth = {k: Truth(np.atleast_1d(mean[k]), np.atleast_1d(sd[k])) for k in mean}

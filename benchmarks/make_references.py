@@ -35,7 +35,7 @@ import numpyro  # noqa: E402
 from numpyro.diagnostics import effective_sample_size, split_gelman_rubin  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from numpyro_deer.models import (  # noqa: E402
+from benchmarks.models import (  # noqa: E402
     BENCHMARK_MODELS,
     ill_conditioned_gaussian_posterior,
 )
