@@ -22,7 +22,13 @@ HESSIAN_VECTOR_BUDGET = 4096
 (:func:`points_within_budget`)."""
 
 COLUMN_BATCH = 8
-"""Columns of the mean Hessian computed side by side."""
+"""Columns of the mean Hessian computed side by side above
+:data:`ALL_COLUMNS_DIM`; up to it, all at once. On the CPU (an item response
+model, 20 answers per student, ``benchmarks/warmup_cost.py``)
+at ``D = 101`` all columns at once took 0.04 s and 8 at a time 0.14 s; at
+``D = 501`` (8 points) 8 at a time took 1.0 s and all at once 3.1 s."""
+
+ALL_COLUMNS_DIM = 128
 
 
 def points_within_budget(points: Array) -> Array:
@@ -40,11 +46,10 @@ def mean_hessian(potential: Callable[[Array], Array], points: Array) -> Array:
 
     Column ``j`` is ``mean_k \nabla^2 U(x_k) e_j``, one forward-mode
     derivative of the gradients at the ``K`` points along ``e_j``; the columns
-    are taken :data:`COLUMN_BATCH` at a time (:func:`jax.lax.map`), so the
-    intermediates are ``COLUMN_BATCH K`` copies of the potential's, not
-    ``D K`` as with ``vmap(jax.hessian)`` (at ``D = 501`` on the CPU 2.3 times
-    faster). Above ``D = 256`` fewer points are used
-    (:func:`points_within_budget`).
+    are taken all at once up to ``D = 128`` and :data:`COLUMN_BATCH` at a time
+    above (:func:`jax.lax.map`), where ``D K`` copies of the potential's
+    intermediates at once are slower than a loop. Above ``D = 256`` fewer
+    points are used (:func:`points_within_budget`).
     """
     points = points_within_budget(points)
     grad = jax.grad(potential)
@@ -53,8 +58,12 @@ def mean_hessian(potential: Callable[[Array], Array], points: Array) -> Array:
         tangents = jax.vmap(lambda x: jax.jvp(grad, (x,), (v,))[1])(points)
         return jnp.mean(tangents, axis=0)
 
-    eye = jnp.eye(points.shape[-1], dtype=points.dtype)
-    hessian = jax.lax.map(column, eye, batch_size=COLUMN_BATCH)
+    dim = points.shape[-1]
+    eye = jnp.eye(dim, dtype=points.dtype)
+    if dim <= ALL_COLUMNS_DIM:
+        hessian = jax.vmap(column)(eye)
+    else:
+        hessian = jax.lax.map(column, eye, batch_size=COLUMN_BATCH)
     return 0.5 * (hessian + hessian.T)
 
 

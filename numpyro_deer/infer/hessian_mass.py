@@ -44,8 +44,9 @@ EIGENVALUE_FLOOR = 1e-4
 MAX_HESSIAN_DIM = 512
 """Largest latent dimension for which the ``"auto"`` settings use the mean
 Hessian (``solve_basis`` and ``adapt_mass_matrix``): it costs ``16 D``
-Hessian-vector products and a ``D x D`` eigendecomposition per use, and a
-``D x D`` product per gradient."""
+Hessian-vector products (at most 4,096, see
+:func:`~numpyro_deer.core.hessian.points_within_budget`) and a ``D x D``
+eigendecomposition per use, and a ``D x D`` product per gradient."""
 
 
 def resolve_mass_adaptation(
