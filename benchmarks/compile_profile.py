@@ -35,17 +35,26 @@ import jax  # noqa: E402
 
 import numpyro_deer  # noqa: E402
 from benchmarks import common  # noqa: E402
-from numpyro_deer.models import BENCHMARK_MODELS  # noqa: E402
+from benchmarks.models import BENCHMARK_MODELS  # noqa: E402
 
 VARIANTS = {
     "default": {},
     "sequential": {"method": "sequential"},
-    "sweep=0": {"sweep": 0},
-    "sweep=0,whitened": {"sweep": 0, "solve_basis": "whitened"},
-    "max_solves=1": {"max_solves": 1},
-    "jacobian=diag": {"jacobian": "diag"},
+    "sweep=0": {"solver": {"sweep": 0}},
+    "sweep=0,whitened": {"solver": {"sweep": 0, "solve_basis": "whitened"}},
+    "max_solves=1": {"solver": {"max_solves": 1}},
+    "jacobian=diag": {"solver": {"jacobian": "diag"}},
     "mass=True": {"adapt_mass_matrix": True},
 }
+
+
+def kernel_options(options: dict) -> dict:
+    """``DEERMALA`` keywords, the solver's settings as a ``DEERSolver``."""
+    options = dict(options)
+    if "solver" in options:
+        options["solver"] = numpyro_deer.DEERSolver(**options["solver"])
+    return options
+
 
 _STABLEHLO_OP = re.compile(r"\b(stablehlo|chlo|func|sdy|mhlo)\.([a-z_]+)")
 _HLO_OP = re.compile(r"^\s*(?:ROOT\s+)?%?[\w.\-]+\s*=\s*(.+?)\s([a-z][a-z0-9\-]*)\(")
@@ -109,7 +118,9 @@ def run_variant(name: str, options: dict, ns) -> list[dict]:
     bench = BENCHMARK_MODELS[ns.model]
     args, kwargs = bench.make_data()
     args = tuple(args)
-    kernel = numpyro_deer.DEERMALA(bench.model, block_size=ns.block_size, **options)
+    kernel = numpyro_deer.DEERMALA(
+        bench.model, block_size=ns.block_size, **kernel_options(options)
+    )
     state = kernel.init(jax.random.PRNGKey(0), ns.num_warmup, None, args, kwargs)
     rows = []
     for fn_name, fn in (

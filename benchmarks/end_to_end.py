@@ -145,7 +145,7 @@ def _child(spec: dict) -> dict:
 
     import numpyro_deer
     from benchmarks import common
-    from numpyro_deer.models import BENCHMARK_MODELS
+    from benchmarks.models import BENCHMARK_MODELS
 
     bench = BENCHMARK_MODELS[spec["model"]]
     method = spec["method"]
@@ -392,7 +392,7 @@ def main(argv=None) -> list[dict]:
         return [result]
     sys.path.insert(0, str(ROOT))
     from benchmarks import common
-    from numpyro_deer.models import BENCHMARK_MODELS
+    from benchmarks.models import BENCHMARK_MODELS
 
     models = ns.models or list(BENCHMARK_MODELS)
     out = ns.out or common.default_json_path("end_to_end")

@@ -70,8 +70,8 @@ def irt_data(dim: int, seed: int = 0):
 
 def time_window_end(dim: int, potential, x, repeats: int = 3) -> float:
     """Seconds of one Hessian window end (16 points) at dimension ``dim``."""
-    from numpyro_deer._block import NUM_CURVATURE_POINTS
-    from numpyro_deer._hessian_mass import hessian_inverse_mass
+    from numpyro_deer.infer.block import NUM_CURVATURE_POINTS
+    from numpyro_deer.infer.hessian_mass import hessian_inverse_mass
 
     points = x + 0.01 * jax.random.normal(
         jax.random.PRNGKey(1), (NUM_CURVATURE_POINTS, dim), x.dtype

@@ -108,11 +108,15 @@ def build_adapter(
         target_accept_prob,
         transition=transition,
     )
+    # with the Hessian mass NumPyro's own estimate (a dense covariance of the
+    # draws, updated every step, factorised at window ends) would be replaced
+    # at every window end: it is not computed (kept as the fallback only
+    # where the mean Hessian is not finite, the previous metric is kept)
     init, update = warmup_adapter(
         num_warmup,
         find_reasonable_step_size=find_step_size,
         adapt_step_size=adapt_step_size,
-        adapt_mass_matrix=bool(mass_adaptation),
+        adapt_mass_matrix=bool(mass_adaptation) and not hessian,
         dense_mass=dense_mass or hessian,
         target_accept_prob=target_accept_prob,
     )
