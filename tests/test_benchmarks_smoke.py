@@ -97,13 +97,25 @@ CASES = {
         "--warmup",
         "20",
     ],
+    "compile_profile.py": ["--variants", "sequential", "--block-size", "16"],
+    "warmup_cost.py": [
+        "--dims",
+        "11",
+        "--num-warmup",
+        "20",
+        "--masses",
+        "hessian",
+        "--layouts",
+        "1:sequential",
+    ],
 }
 # scripts that write a folder of JSON files (``--out DIR``) instead of one file
 WRITES_FOLDER = {"make_references.py"}
 # scripts that are not benchmarks run on their own
 HELPERS = {"_setup.py", "common.py", "models.py", "plot.py", "__init__.py"}
-# the race and its modules: tests/test_race_smoke.py runs them
-TESTED_ELSEWHERE = {"race.py", "race_samplers.py", "gym_models.py"}
+# the race and its modules: tests/test_race_smoke.py runs them;
+# end_to_end.py: tests/test_benchmarks_e2e_smoke.py
+TESTED_ELSEWHERE = {"race.py", "race_samplers.py", "gym_models.py", "end_to_end.py"}
 
 
 def test_every_benchmark_script_is_tested():

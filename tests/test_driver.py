@@ -154,8 +154,8 @@ def test_deer_and_sequential_methods_give_the_same_chain():
 
 
 def test_vectorized_chains_with_the_sweep_are_the_sequential_chains():
-    # chains solved together hold the sweep back by a traced step count
-    # (DEERSolver.vmapped); the draws are each chain's sequential MALA chain
+    # chains solved together hold the sweep back by a traced step count;
+    # the draws are each chain's sequential MALA chain
     args, kwargs = gaussian_data(0.5)
     draws = []
     for method in ("sequential", "deer"):

@@ -475,9 +475,9 @@ def test_sweep_starts_are_past_the_front_then_local_fronts():
     assert_array_equal(np.asarray(first), [3, 7, 9, 10])
 
 
-@pytest.mark.parametrize("passes", [None, 3])
+@pytest.mark.parametrize("passes", [5, 3])
 def test_sweep_segments_are_sequential_and_stop_at_the_next_start(passes):
-    # passes=None: a static loop of 5 steps; passes=3: a traced step count
+    # a traced step count: all 5 steps, or 3
     from numpyro_deer.core import plain_sequential_step
     from numpyro_deer.core.sweep import sweep_segments
 
@@ -489,12 +489,12 @@ def test_sweep_segments_are_sequential_and_stop_at_the_next_start(passes):
     states = jnp.full((num_steps + 1, 1), -1.0).at[0].set(0.0)
     starts = jnp.array([0, 3, 11, num_steps])
     sequential = plain_sequential_step(step_fn)
-    traced = None if passes is None else jnp.asarray(passes)
+    traced = jnp.asarray(passes)
     out = sweep_segments(sequential, states, tape, starts, num_steps, 5, traced)
     out = np.asarray(out)[:, 0]
 
     # the segments run side by side, each from the iterate's state at its start
-    steps = 5 if passes is None else passes
+    steps = passes
     before = np.asarray(states)[:, 0]
     expected = before.copy()
     for begin, stop in ((0, 3), (3, 3 + steps), (11, 12)):  # next start, length, end
@@ -546,15 +546,11 @@ def test_sweep_after_holds_the_sweep_back(targets):
     assert fronts[0] > fronts[1] > fronts[3]
 
 
-@pytest.mark.parametrize("vmapped", [False, True])
-def test_vmapped_solves_with_a_held_back_sweep_are_each_chain(targets, vmapped):
-    # chains solved together: the cond holding the sweep back is a select
-    # under vmap (vmapped=False), or the sweep's step count is traced and
-    # differs between the chains (vmapped=True)
+def test_vmapped_solves_with_a_held_back_sweep_are_each_chain(targets):
+    # chains solved together: the sweep's step count is traced and differs
+    # between the chains
     target = targets["corr_gauss"]
-    solver = _solver(
-        DiagonalJacobian(clip=None), sweep=SWEEP, sweep_after=2, vmapped=vmapped
-    )
+    solver = _solver(DiagonalJacobian(clip=None), sweep=SWEEP, sweep_after=2)
     step_fn = target.step_fn()
     x0s = jnp.stack([jnp.asarray(target.x0), -2.0 * jnp.asarray(target.x0)])
     solve = _jit(

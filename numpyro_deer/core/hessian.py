@@ -16,10 +16,54 @@ import jax
 import jax.numpy as jnp
 from jax import Array
 
+HESSIAN_VECTOR_BUDGET = 4096
+"""Most Hessian-vector products one mean Hessian takes: ``K D`` of them with
+``K`` points, so above ``D = 4096 / 16 = 256`` fewer of the points are used
+(:func:`points_within_budget`)."""
+
+COLUMN_BATCH = 8
+"""Columns of the mean Hessian computed side by side above
+:data:`ALL_COLUMNS_DIM`; up to it, all at once. On the CPU (an item response
+model, 20 answers per student, ``benchmarks/warmup_cost.py``)
+at ``D = 101`` all columns at once took 0.04 s and 8 at a time 0.14 s; at
+``D = 501`` (8 points) 8 at a time took 1.0 s and all at once 3.1 s."""
+
+ALL_COLUMNS_DIM = 128
+
+
+def points_within_budget(points: Array) -> Array:
+    """Every ``s``-th of ``points`` (``K, D``), ending at the last, so that
+    ``K D / s`` Hessian-vector products stay within
+    :data:`HESSIAN_VECTOR_BUDGET` (at least 2 points)."""
+    num_points, dim = points.shape
+    keep = max(2, min(num_points, HESSIAN_VECTOR_BUDGET // max(dim, 1)))
+    stride = -(-num_points // keep)
+    return points[num_points - 1 :: -stride][::-1]
+
 
 def mean_hessian(potential: Callable[[Array], Array], points: Array) -> Array:
-    """The symmetrised Hessian of ``potential`` averaged over ``points`` (K, D)."""
-    hessian = jnp.mean(jax.vmap(jax.hessian(potential))(points), axis=0)
+    r"""The symmetrised Hessian of ``potential`` averaged over ``points`` (K, D).
+
+    Column ``j`` is ``mean_k \nabla^2 U(x_k) e_j``, one forward-mode
+    derivative of the gradients at the ``K`` points along ``e_j``; the columns
+    are taken all at once up to ``D = 128`` and :data:`COLUMN_BATCH` at a time
+    above (:func:`jax.lax.map`), where ``D K`` copies of the potential's
+    intermediates at once are slower than a loop. Above ``D = 256`` fewer
+    points are used (:func:`points_within_budget`).
+    """
+    points = points_within_budget(points)
+    grad = jax.grad(potential)
+
+    def column(v):
+        tangents = jax.vmap(lambda x: jax.jvp(grad, (x,), (v,))[1])(points)
+        return jnp.mean(tangents, axis=0)
+
+    dim = points.shape[-1]
+    eye = jnp.eye(dim, dtype=points.dtype)
+    if dim <= ALL_COLUMNS_DIM:
+        hessian = jax.vmap(column)(eye)
+    else:
+        hessian = jax.lax.map(column, eye, batch_size=COLUMN_BATCH)
     return 0.5 * (hessian + hessian.T)
 
 

@@ -122,11 +122,6 @@ class DEERSolver:
         sweep_after: iterations of a solve before the sweep starts (``0``:
             from the first); blocks that converge within them never pay for
             it.
-        vmapped: the solve runs under :func:`jax.vmap` (chains solved
-            together; the kernel sets it). The sweep is then held back by a
-            traced step count instead of a :func:`jax.lax.cond`, which
-            ``vmap`` turns into a select that runs it in every iteration for
-            every chain. Changes the cost, not the result.
     """
 
     jacobian: JacobianStrategy | str = "stochastic"
@@ -138,7 +133,6 @@ class DEERSolver:
     max_solves: int = 3
     sweep: int = 8
     sweep_after: int = 20
-    vmapped: bool = False
 
     def __post_init__(self):
         object.__setattr__(self, "jacobian", jacobian_from_name(self.jacobian))
@@ -245,21 +239,13 @@ def _newton_iteration(
         )
         segments = max(1, min(num_steps // solver.sweep, num_steps))
 
-        def sweep(states, passes=None):
-            starts = sweep_starts(front, carry.iteration, carry.passed, segments)
-            return sweep_segments(
-                sequential, states, tape, starts, num_steps, solver.sweep, passes
-            )
-
-        late = carry.iteration >= solver.sweep_after  # counted per block
-        if not solver.sweep_after:
-            states = sweep(carry.states)
-        elif solver.vmapped:
-            # under vmap a cond is a select that runs the sweep in every
-            # iteration; a traced step count runs none until a chain needs it
-            states = sweep(carry.states, jnp.where(late, solver.sweep, 0))
-        else:
-            states = jax.lax.cond(late, sweep, lambda states: states, carry.states)
+        starts = sweep_starts(front, carry.iteration, carry.passed, segments)
+        # held back by the step count, not a cond: one loop in the graph,
+        # and under vmap no select that would run it for every chain
+        passes = jnp.where(carry.iteration >= solver.sweep_after, solver.sweep, 0)
+        states = sweep_segments(
+            sequential, carry.states, tape, starts, num_steps, solver.sweep, passes
+        )
         carry = carry._replace(states=states)
 
     prev, cur = carry.states[:-1], carry.states[1:]

@@ -21,10 +21,10 @@ segments (one gradient evaluation per step with
 :func:`~numpyro_deer.core.make_sequential_step`).
 ``DEERSolver(sweep_after=n)`` holds the sweep back for the first ``n``
 iterations of a block, so blocks that converge sooner never pay for it; the
-defaults are ``sweep=8, sweep_after=20``. Outside
-``vmap`` the hold-back is a :func:`jax.lax.cond` around a static, unrolled
-loop; with ``DEERSolver(vmapped=True)`` (chains solved together, where a
-``cond`` would be a select) it is a traced step count instead.
+defaults are ``sweep=8, sweep_after=20``. The hold-back is the loop's step
+count (``0`` before, ``k`` after): one loop body in the compiled graph, and
+under ``vmap`` (chains solved together) it runs as many steps as the chain
+that needs most, none while no chain does.
 
 The segments are what a parareal-style method would call fine propagators
 started from the current iterate; unlike there, nothing here is trusted: the
@@ -71,27 +71,24 @@ def sweep_segments(
     starts: Array,
     num_steps: int,
     length: int,
-    passes: Array | None = None,
+    passes: Array | int,
 ) -> Array:
     """``states`` with ``length`` sequential steps from each start.
 
     ``states[t]`` is ``s_t`` (``states[0] = s_0``). The segment from start
     ``b`` sets ``s_{b+j+1} = f_{b+j}(s_{b+j})`` for ``j < length``, stopping
     before the next start and at the end of the block; the segments run side
-    by side (one batch of ``len(starts)`` per sequential step). The loop over
-    the steps has a static trip count and is unrolled (up to 8 steps a loop
-    body), which on a GPU is cheaper per step than a loop with a traced trip
-    count. ``passes`` (traced, at most
-    ``length``) stops all segments after that many steps instead: a loop with
-    a traced trip count, so under ``vmap`` it runs as many steps as the
-    largest ``passes`` of the batch, none if all are zero.
+    by side (one batch of ``len(starts)`` per sequential step). ``passes``
+    (at most ``length``, traced or not) stops all segments after that many
+    steps: the loop over the steps has that trip count and one body, not an
+    unrolled one (a static, unrolled loop made the compiled block 1.9 times
+    larger on the CPU, ``benchmarks/results/compile_profile_cpu.md``).
     """
     next_start = jnp.concatenate([starts[1:], jnp.full((1,), num_steps, starts.dtype)])
     stop = jnp.minimum(next_start, num_steps)  # a segment computes steps < stop
     steps = starts[:, None] + jnp.arange(length)  # (segments, length)
     live = steps < stop[:, None]
-    if passes is not None:
-        live = live & (jnp.arange(length) < passes)
+    live = live & (jnp.arange(length) < passes)
     tape_seg = jax.tree.map(
         lambda leaf: jnp.take(leaf, steps, axis=0, mode="clip"), tape
     )
@@ -109,10 +106,7 @@ def sweep_segments(
     x0 = jnp.take(states, starts, axis=0, mode="clip")
     out = jnp.zeros(steps.shape + states.shape[1:], states.dtype)
     init = (jax.vmap(sequential.init)(x0), x0, out)
-    if passes is None:
-        _, _, out = jax.lax.fori_loop(0, length, body, init, unroll=min(length, 8))
-    else:
-        _, _, out = jax.lax.fori_loop(0, passes, body, init)
+    _, _, out = jax.lax.fori_loop(0, passes, body, init)
     # step t writes s_{t+1}; steps not computed go nowhere
     target = jnp.where(live, steps + 1, states.shape[0])
     return states.at[target.reshape(-1)].set(

@@ -28,7 +28,7 @@ import numpy as np
 import numpyro.infer
 import tqdm
 
-from . import memory
+from . import compile_cache, memory
 from . import numpyro_compat as compat
 from .checks import translate_tracer_errors
 from .convergence import (
@@ -83,13 +83,11 @@ class MCMC(numpyro.infer.MCMC):
     def __init__(self, sampler, **kwargs):
         super().__init__(sampler, **kwargs)
         self._block_fns = {}
-        self._memory_checked = set()
         self._chain_stats = []
 
     def __getstate__(self):
         state = super().__getstate__()
         state["_block_fns"] = {}
-        state["_memory_checked"] = set()
         state["_chain_stats"] = []
         return state
 
@@ -117,34 +115,58 @@ class MCMC(numpyro.infer.MCMC):
 
     # ------------------------------------------------------------- loop fns
     def _loop_fns(self, collect_fields, remove_sites, batched, size, static):
-        """The compiled loops for these settings, cached on the object.
+        """The compiled loops for these settings, shared by every ``MCMC`` object.
 
         The model's array arguments are arguments of the compiled loops (never
         closed over), so new data of the same shape, or a buffer refilled in
         place, reuses them and is read afresh; ``static`` (see
-        :func:`_split_model_args`) holds the argument tree and its non-array
-        leaves (Python numbers, strings, ``None``: the ones shapes depend on),
-        compared by value.
+        :func:`~numpyro_deer.infer.compile_cache.split_model_args`) holds the
+        argument tree and its non-array leaves (Python numbers, strings,
+        ``None``: the ones shapes depend on), compared by value. The loops are
+        kept in :mod:`~numpyro_deer.infer.compile_cache` under the kernel's
+        :meth:`compile_key` and these settings, so a second ``MCMC`` object for
+        the same model, settings and shapes compiles nothing new; they are
+        also listed on the object (``_block_fns``).
         """
-        key = (collect_fields, remove_sites, batched, size, self.thinning, static)
-        try:
-            hash(key)
-        except TypeError:  # unhashable non-array arguments: no caching
-            key = None
-        if key is not None and key in self._block_fns:
-            return self._block_fns[key]
-
-        kernel = self.sampler
-        transform = compat.collect_transform(
-            compat.postprocess_fn_with_args(self), collect_fields, remove_sites
+        settings = (
+            collect_fields,
+            remove_sites,
+            batched,
+            size,
+            self.thinning,
+            static,
+            self.postprocess_fn,
         )
-        thinning = self.thinning
-        treedef, static_leaves = static
+        kernel_key = getattr(self.sampler, "compile_key", lambda: None)()
+        shared = None if kernel_key is None else ("loops", kernel_key, settings)
+        try:
+            fns = self._block_fns.get(settings)
+        except TypeError:  # unhashable non-array arguments: no caching
+            return self._build_loop_fns(*settings)
+        if fns is None:
+            fns = compile_cache.cached(shared, lambda: self._build_loop_fns(*settings))
+            self._block_fns[settings] = fns
+        return fns
+
+    def _build_loop_fns(
+        self, collect_fields, remove_sites, batched, size, thinning, static, user_post
+    ):
+        # a snapshot: changing or re-initialising the kernel later cannot
+        # change what these functions compute
+        kernel = compile_cache.snapshot(self.sampler)
+
+        def postprocess(z, args, kwargs):
+            # NumPyro's postprocessing (MCMC._get_cached_fns), without the
+            # MCMC object: the functions may serve other MCMC objects
+            body = user_post
+            if body is None:
+                body = kernel.postprocess_fn(args, kwargs)
+            return jax.vmap(body)(z) if batched else body(z)
+
+        transform = compat.collect_transform(postprocess, collect_fields, remove_sites)
 
         def unflatten(dynamic):
-            dynamic = iter(dynamic)
-            leaves = [next(dynamic) if s is _DYNAMIC else s[1] for s in static_leaves]
-            return jax.tree.unflatten(treedef, leaves)
+            return compile_cache.join_model_args(static, dynamic)
 
         def collected(state, args, kwargs):
             return transform((state, args, kwargs))
@@ -225,9 +247,8 @@ class MCMC(numpyro.infer.MCMC):
             run_all,
             jax.jit(run_all, donate_argnums=donate),
             lambda state, dynamic: collected(state, *unflatten(dynamic)),
+            set(),  # the memory check done for these loops (see below)
         )
-        if key is not None:
-            self._block_fns[key] = fns
         return fns
 
     # ------------------------------------------------------------------ run
@@ -253,8 +274,10 @@ class MCMC(numpyro.infer.MCMC):
         start_idx = lower + (upper - lower) % thinning
         batched = jnp.ndim(init_state.i) > 0
         n_warmup = self._num_warmup_iterations(init_state, upper)
-        dynamic, static = _split_model_args(args, kwargs, self._jit_model_args)
-        warmup_fn, block_fn, run_all, run_all_jit, collected = self._loop_fns(
+        dynamic, static = compile_cache.split_model_args(
+            args, kwargs, self._jit_model_args
+        )
+        warmup_fn, block_fn, run_all, run_all_jit, collected, checked = self._loop_fns(
             collect_fields, remove_sites, batched, size, static
         )
         with translate_tracer_errors():
@@ -266,7 +289,7 @@ class MCMC(numpyro.infer.MCMC):
         if total > 0 and not isinstance(init_state.i, jax.core.Tracer):
             self._check_block_memory(
                 block_fn, init_state, collection, n_warmup, total, start_idx,
-                dynamic,
+                dynamic, checked,
             )  # fmt: skip
         if isinstance(init_state.i, jax.core.Tracer):
             # inside pmap or jit: one compiled loop, no progress bar; the
@@ -306,7 +329,7 @@ class MCMC(numpyro.infer.MCMC):
         return dict(zip(collect_fields, collection, strict=True)), state
 
     def _check_block_memory(
-        self, block_fn, state, collection, n_warmup, total, start_idx, dynamic
+        self, block_fn, state, collection, n_warmup, total, start_idx, dynamic, checked
     ):
         """Compile one block step ahead of time; compare its memory with the device's.
 
@@ -315,7 +338,7 @@ class MCMC(numpyro.infer.MCMC):
         checked once.
         """
         free = memory.free_device_bytes()
-        if free is None or id(block_fn) in self._memory_checked:
+        if free is None or "done" in checked:
             return
         zero = _i32(0)
         compiled = block_fn.lower(
@@ -325,7 +348,7 @@ class MCMC(numpyro.infer.MCMC):
         memory.check_block_memory(
             memory.compiled_bytes(compiled), free, self.sampler.block_size
         )
-        self._memory_checked.add(id(block_fn))
+        checked.add("done")
 
     def _num_warmup_iterations(self, state, upper: int) -> int:
         """Loop iterations that are warmup steps for this ``run``."""
@@ -393,29 +416,6 @@ class MCMC(numpyro.infer.MCMC):
         _check_progress(done, total, state, batched)
         self._warn_failed_blocks(stats)
         return state, collection
-
-
-_DYNAMIC = object()
-"""Marks a leaf of the model arguments that is passed to the compiled loop."""
-
-
-def _split_model_args(args, kwargs, jit_model_args: bool):
-    """``(dynamic, static)``: the array leaves of ``(args, kwargs)``, and the rest.
-
-    ``static = (treedef, leaves)`` with each array leaf replaced by a marker
-    and each other leaf by ``(type, value)``, so that it compares by value
-    (``1`` and ``1.0`` differ). Under ``jit_model_args`` every leaf is dynamic,
-    as in stock ``MCMC``.
-    """
-    leaves, treedef = jax.tree.flatten((args, kwargs))
-    dynamic, static = [], []
-    for leaf in leaves:
-        if jit_model_args or isinstance(leaf, (np.ndarray, jax.Array)):
-            dynamic.append(leaf)
-            static.append(_DYNAMIC)
-        else:
-            static.append((type(leaf), leaf))
-    return tuple(dynamic), (treedef, tuple(static))
 
 
 def buffer_size(state, batched: bool) -> int:

@@ -19,11 +19,11 @@ every direction. Where ``U`` is not convex the eigenvalues are taken in
 absolute value (as in Betancourt's SoftAbs metric, 2013) and floored at
 :data:`EIGENVALUE_FLOOR` times the largest one.
 
-:func:`hessian_window_end` plugs this into NumPyro's ``warmup_adapter``: at the
-end of each middle window, after NumPyro's own (sample covariance) update,
-the inverse mass matrix is replaced by ``M`` from the kernel's curvature
-points, and the step size search and dual averaging restart in the new metric
-exactly as NumPyro does after its own update.
+:func:`hessian_window_end` plugs this into NumPyro's ``warmup_adapter`` (run
+without a mass matrix estimate of its own): at the end of each middle window
+the inverse mass matrix becomes ``M`` from the kernel's curvature points, and
+the step size search and dual averaging restart in the new metric exactly as
+NumPyro does after its own update.
 """
 
 from __future__ import annotations
@@ -44,8 +44,9 @@ EIGENVALUE_FLOOR = 1e-4
 MAX_HESSIAN_DIM = 512
 """Largest latent dimension for which the ``"auto"`` settings use the mean
 Hessian (``solve_basis`` and ``adapt_mass_matrix``): it costs ``16 D``
-Hessian-vector products and a ``D x D`` eigendecomposition per use, and a
-``D x D`` product per gradient."""
+Hessian-vector products (at most 4,096, see
+:func:`~numpyro_deer.core.hessian.points_within_budget`) and a ``D x D``
+eigendecomposition per use, and a ``D x D`` product per gradient."""
 
 
 def resolve_mass_adaptation(
@@ -112,8 +113,9 @@ def hessian_window_end(
 
     At the end of a middle window (where NumPyro updates the mass matrix) the
     inverse mass matrix becomes the Hessian one, unless the mean Hessian is
-    not finite (NumPyro's estimate is kept then); elsewhere ``after`` is
-    returned unchanged.
+    not finite (``after``'s metric is kept then: the kernel's adapter does not
+    estimate one of its own under the Hessian mass, so that is the previous
+    metric); elsewhere ``after`` is returned unchanged.
     """
 
     def replace(state):

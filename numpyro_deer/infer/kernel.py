@@ -8,7 +8,6 @@ failure policy). A transition's public kernel subclasses it:
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable
 from functools import partial
 
@@ -22,6 +21,7 @@ from numpyro.util import identity, is_prng_key
 
 from ..core.newton import DEERSolver
 from ..core.transition import Transition
+from . import compile_cache
 from .arguments import check_kernel_arguments
 from .block import (
     NUM_CURVATURE_POINTS,
@@ -125,6 +125,7 @@ class _DEERKernel(MCMCKernel):
         self._potential_fn_gen = None
         self._postprocess_fn = None
         self._unravel = None
+        self._latent = None
         self._sample_fn = None
         self._warned_unconverged = False
 
@@ -179,6 +180,35 @@ class _DEERKernel(MCMCKernel):
         """How warmup adapts the mass matrix: ``"hessian"``, ``True`` (NumPyro's
         windowed covariance) or ``False``; ``"auto"`` until :meth:`init`."""
         return self._mass_adaptation
+
+    def compile_key(self) -> tuple | None:
+        """What the kernel's traced functions depend on besides their arguments.
+
+        The model function (or potential), the kernel's settings, the warmup
+        length and the structure, shapes and dtypes of the latent values (set
+        by :meth:`init`; ``None`` before). Kernels with equal keys trace to the
+        same functions, so their compiled functions are shared
+        (:mod:`~numpyro_deer.infer.compile_cache`).
+        """
+        if self._latent is None:
+            return None
+        return (
+            type(self),
+            self._model if self._model is not None else self._potential_fn,
+            self._transition,
+            self._solver,
+            self._method,
+            self._on_failure,
+            self._block_size,
+            self._step_size,
+            self._adapt_step_size,
+            self._mass_adaptation,
+            self._dense_mass,
+            self._target_accept_prob,
+            self._num_warmup,
+            self._latent,
+            MATMUL_PRECISION,
+        )
 
     def _adapter(self, potential_flat, window_end=True):
         return build_adapter(
@@ -274,16 +304,36 @@ class _DEERKernel(MCMCKernel):
             flat.dtype,
             num_chains=rng_key.shape[0] if vectorized else 1,
         )
-        potential_flat = self._potential_flat(model_args, model_kwargs)
-        wa_init, _ = self._adapter(potential_flat)
+        self._latent = compile_cache.latent_signature(one)
+        dynamic, static = compile_cache.split_model_args(model_args, model_kwargs)
+        init_fn = compile_cache.cached(
+            ("init", self.compile_key(), vectorized, static),
+            lambda: self._build_init(static, vectorized),
+        )
+        with self._precision():
+            state = init_fn(init_params, rng_key, dynamic)
+        self._sample_fn = partial(self._sample, batched=vectorized)
+        check_initial_potential(state.potential_energy)
+        return state
 
-        def init_one(params, key):
+    def _build_init(self, static, vectorized: bool):
+        """The jitted initial state ``(params, key, dynamic args) -> state``.
+
+        Built on a copy of the kernel (see :mod:`.compile_cache`), with the
+        model's array arguments as arguments.
+        """
+        kernel = compile_cache.snapshot(self)
+
+        def init_one(params, key, dynamic):
+            args, kwargs = compile_cache.join_model_args(static, dynamic)
+            potential_flat = kernel._potential_flat(args, kwargs)
+            wa_init, _ = kernel._adapter(potential_flat)
             key, key_wa = jax.random.split(key)
             z_flat = ravel_pytree(params)[0]
             with translate_tracer_errors():
                 pe = potential_flat(z_flat)
             adapt = wa_init(
-                (z_flat,), key_wa, self._step_size, mass_matrix_size=z_flat.size
+                (z_flat,), key_wa, kernel._step_size, mass_matrix_size=z_flat.size
             )
             zero = jnp.zeros((), z_flat.dtype)
             return DEERMALAState(
@@ -297,19 +347,15 @@ class _DEERKernel(MCMCKernel):
                 deer_converged=jnp.ones((), bool),
                 adapt_state=adapt,
                 rng_key=key,
-                block=empty_block(self._block_size, z_flat, key),
+                block=empty_block(kernel._block_size, z_flat, key),
                 curvature_points=jnp.broadcast_to(
                     z_flat, (NUM_CURVATURE_POINTS,) + z_flat.shape
                 ),
             )
 
-        with self._precision():
-            state = (jax.jit(jax.vmap(init_one)) if vectorized else jax.jit(init_one))(
-                init_params, rng_key
-            )
-        self._sample_fn = partial(self._sample, batched=vectorized)
-        check_initial_potential(state.potential_energy)
-        return state
+        if vectorized:
+            return jax.jit(jax.vmap(init_one, in_axes=(0, 0, None)))
+        return jax.jit(init_one)
 
     # ------------------------------------------------------------------ sample
     @staticmethod
@@ -370,8 +416,7 @@ class _DEERKernel(MCMCKernel):
         potential_flat = self._potential_flat(model_args, model_kwargs)
         ravel = lambda z: ravel_pytree(z)[0]  # noqa: E731
 
-        # Chains solved together: the solver is told so (see DEERSolver.vmapped).
-        solver = dataclasses.replace(self._solver, vmapped=batched and not on_cpu())
+        solver = self._solver
 
         def refill(s):
             return refill_block(
@@ -460,6 +505,12 @@ class _DEERKernel(MCMCKernel):
 
     def __getstate__(self):
         state = self.__dict__.copy()
-        for name in ("_sample_fn", "_potential_fn_gen", "_postprocess_fn", "_unravel"):
+        for name in (
+            "_sample_fn",
+            "_potential_fn_gen",
+            "_postprocess_fn",
+            "_unravel",
+            "_latent",
+        ):
             state[name] = None
         return state

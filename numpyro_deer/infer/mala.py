@@ -55,7 +55,8 @@ class DEERMALA(_DEERKernel):
             at 1e-4 of the largest), a dense matrix whatever ``dense_mass``
             says: it needs no more effective draws than there are points, and
             in its metric every direction has the same mean curvature. Costs
-            ``16 D`` Hessian-vector products per window end, and the dense
+            ``16 D`` Hessian-vector products per window end (above
+            ``D = 256`` fewer points: at most 4,096 products), and the dense
             matrix ``D^2`` per step. ``True``: windowed Welford estimates of
             the draws' covariance (NumPyro's scheme; diagonal unless
             ``dense_mass``). ``False``: the identity. ``"auto"`` (the default):

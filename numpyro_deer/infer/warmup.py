@@ -65,19 +65,27 @@ def find_reasonable_step_size(
         step_fn = make_step_fn(transition, potential_flat, eps, mass_sqrt)
         return step_fn(x, tape)[1].accept_prob
 
-    direction = jnp.where(accept(step_size) > target, 1.0, -1.0)
-
-    def keep_going(carry):
-        eps, count = carry
-        return (direction * (accept(eps) - target) > 0) & (count < MAX_STEP_SIZE_SEARCH)
-
+    # one evaluation of the step per loop iteration (one copy of it in the
+    # compiled graph): the first also fixes the direction
     def body(carry):
-        eps, count = carry
-        return eps * 2.0**direction, count + 1
+        eps, direction, count, _ = carry
+        a = accept(eps)
+        direction = jnp.where(count == 0, jnp.where(a > target, 1.0, -1.0), direction)
+        go = (direction * (a - target) > 0) & (count < MAX_STEP_SIZE_SEARCH)
+        return jnp.where(go, eps * 2.0**direction, eps), direction, count + 1, go
 
-    eps, _ = jax.lax.while_loop(keep_going, body, (jnp.asarray(step_size), 0))
+    eps = jnp.asarray(step_size)
+    eps, direction, _, _ = jax.lax.while_loop(
+        lambda carry: carry[3],
+        body,
+        (eps, jnp.ones((), eps.dtype), jnp.zeros((), jnp.int32), jnp.ones((), bool)),
+    )
     # the last step overshot the target: step back once when growing
     return jnp.where(direction > 0, eps / 2.0, eps)
+
+
+def _keep_step_size(step_size, *_):
+    return step_size
 
 
 def build_adapter(
@@ -108,14 +116,23 @@ def build_adapter(
         target_accept_prob,
         transition=transition,
     )
-    init, update = warmup_adapter(
+    # Under the Hessian mass NumPyro's own estimate (a dense covariance of
+    # the draws, updated every step, factorised at window ends) is not
+    # computed: hessian_metric replaces the metric at every window end (and
+    # keeps the previous one where the mean Hessian is not finite). Its step
+    # size search at window ends, in the old metric, is skipped too: the
+    # search runs in the new one. The initial search is NumPyro's.
+    adapter = partial(
+        warmup_adapter,
         num_warmup,
-        find_reasonable_step_size=find_step_size,
         adapt_step_size=adapt_step_size,
-        adapt_mass_matrix=bool(mass_adaptation),
+        adapt_mass_matrix=bool(mass_adaptation) and not hessian,
         dense_mass=dense_mass or hessian,
         target_accept_prob=target_accept_prob,
     )
+    init, update = adapter(find_reasonable_step_size=find_step_size)
+    if hessian:
+        _, update = adapter(find_reasonable_step_size=_keep_step_size)
     if not hessian or not window_end:
         return init, lambda t, accept_prob, x, adapt, points: update(
             t, accept_prob, (x,), adapt

@@ -1,0 +1,108 @@
+"""Compiled functions shared across kernels and ``MCMC`` objects.
+
+A second ``MCMC`` object for the same model and shapes (a notebook cell run
+again), or a run on new data of the same shapes, should compile nothing. JAX
+caches a jitted function's compilations on the function object, so the
+functions the kernel and the driver jit are kept here, in a small process-wide
+cache, under a key of everything their trace depends on apart from their
+array arguments: the kernel's :meth:`~numpyro_deer.infer.kernel._DEERKernel.compile_key`
+(model function or potential, settings, latent structure, warmup length), the
+non-array model arguments (compared by value) and the driver's static
+settings. Arrays, the data included, are always arguments of the compiled
+functions, never constants closed over, so a cached function cannot hold stale
+data. The functions close over a shallow copy of the kernel taken when they
+were built, so changing or re-initialising the kernel afterwards cannot
+change what a cached function computes either.
+
+NumPyro's ``initialize_model`` builds the potential from the model function and
+the arguments it is called with (``dynamic_args=True``), so two kernels of the
+same model give the same potential for the same arguments; that is what lets
+one kernel's compiled function serve another's run.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable, Hashable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+CACHE_SIZE = 32
+"""Compiled function sets kept (least recently used dropped first)."""
+
+_DYNAMIC = object()
+"""Marks a leaf of the model arguments that is passed to the compiled function."""
+
+_cache: OrderedDict = OrderedDict()
+
+
+def cached(key: Hashable | None, build: Callable[[], Any]) -> Any:
+    """``build()``, kept under ``key`` (``None``: not kept; unhashable: not kept)."""
+    if key is None:
+        return build()
+    try:
+        hit = key in _cache
+    except TypeError:  # an unhashable setting or argument: no sharing
+        return build()
+    if hit:
+        _cache.move_to_end(key)
+        return _cache[key]
+    value = _cache[key] = build()
+    while len(_cache) > CACHE_SIZE:
+        _cache.popitem(last=False)
+    return value
+
+
+def clear() -> None:
+    """Forget every cached function (their compilations go with them)."""
+    _cache.clear()
+
+
+def split_model_args(args, kwargs, jit_model_args: bool = False):
+    """``(dynamic, static)``: the array leaves of ``(args, kwargs)``, and the rest.
+
+    ``static = (treedef, leaves)`` with each array leaf replaced by a marker
+    and each other leaf by ``(type, value)``, so that it compares by value
+    (``1`` and ``1.0`` differ). Under ``jit_model_args`` every leaf is dynamic,
+    as in stock ``MCMC``.
+    """
+    leaves, treedef = jax.tree.flatten((args, kwargs))
+    dynamic, static = [], []
+    for leaf in leaves:
+        if jit_model_args or isinstance(leaf, (np.ndarray, jax.Array)):
+            dynamic.append(leaf)
+            static.append(_DYNAMIC)
+        else:
+            static.append((type(leaf), leaf))
+    return tuple(dynamic), (treedef, tuple(static))
+
+
+def join_model_args(static, dynamic):
+    """``(args, kwargs)`` from :func:`split_model_args`'s two parts."""
+    treedef, static_leaves = static
+    dynamic = iter(dynamic)
+    leaves = [next(dynamic) if s is _DYNAMIC else s[1] for s in static_leaves]
+    return jax.tree.unflatten(treedef, leaves)
+
+
+def latent_signature(params, batched: bool = False) -> tuple:
+    """The structure, shapes and dtypes of one chain's latent values."""
+    leaves, treedef = jax.tree.flatten(params)
+    return treedef, tuple(
+        (np.shape(x)[1:] if batched else np.shape(x), jnp.result_type(x))
+        for x in leaves
+    )
+
+
+def snapshot(obj):
+    """A shallow copy of ``obj``'s attributes, as they are now.
+
+    Not :func:`copy.copy`: a kernel's ``__getstate__`` drops the functions
+    :meth:`init` made (for pickling), which the copy needs.
+    """
+    new = object.__new__(type(obj))
+    new.__dict__.update(obj.__dict__)
+    return new

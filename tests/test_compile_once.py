@@ -1,0 +1,93 @@
+"""Compile once: a second ``MCMC`` object and new data of the same shapes reuse
+the compiled warmup, block and init functions (counted through
+``jax.monitoring``'s backend-compile events, by function name)."""
+
+from collections import Counter
+
+import jax
+import numpy as np
+import pytest
+
+from benchmarks.models import gaussian_mean_model
+from numpyro_deer import DEERMALA, MCMC
+
+from .helpers import gaussian_data
+
+EVENT = "/jax/core/compile/backend_compile_duration"
+OURS = ("run_all", "warmup_loop", "block_step", "init_one")
+SETTINGS = {"num_warmup": 30, "num_samples": 48}
+
+
+class _CompileLog:
+    """XLA compilations by function name (one listener for the module)."""
+
+    def __init__(self):
+        self.names = Counter()
+        jax.monitoring.register_event_duration_secs_listener(self._listen)
+
+    def _listen(self, event, duration, **kwargs):
+        if event == EVENT:
+            self.names[str(kwargs.get("fun_name"))] += 1
+
+    def ours(self) -> Counter:
+        return Counter(
+            {n: c for n, c in self.names.items() if any(f in n for f in OURS)}
+        )
+
+
+LOG = _CompileLog()
+
+
+def _run(data=3.0, progress_bar=False, jit_model_args=False, block_size=16, seed=0):
+    args, kwargs = gaussian_data(data)
+    mcmc = MCMC(
+        DEERMALA(gaussian_mean_model, block_size=block_size),
+        **SETTINGS,
+        progress_bar=progress_bar,
+        jit_model_args=jit_model_args,
+    )
+    before = LOG.ours()
+    mcmc.run(jax.random.PRNGKey(seed), *args, **kwargs)
+    draws = np.asarray(mcmc.get_samples()["mu"])
+    return draws, LOG.ours() - before
+
+
+@pytest.fixture(scope="module")
+def first():
+    draws, compiled = _run()
+    return draws, compiled
+
+
+def test_first_run_compiles_init_and_loop(first):
+    _, compiled = first
+    names = " ".join(compiled)
+    assert "init_one" in names and "run_all" in names
+
+
+def test_second_mcmc_object_compiles_nothing_and_draws_the_same(first):
+    draws, compiled = _run()
+    assert compiled == Counter()
+    np.testing.assert_array_equal(draws, first[0])
+
+
+def test_new_data_of_the_same_shape_compiles_nothing(first):
+    # under jit_model_args=True the Python float among the model's arguments
+    # is an argument of the loop too: its first run compiles the loop (the
+    # init is shared), a run on new data of the same shapes nothing; the new
+    # values are read afresh (the posterior mean moves)
+    draws_a, compiled_a = _run(jit_model_args=True)
+    draws_b, compiled_b = _run(data=-3.0, jit_model_args=True)
+    assert set(compiled_a) <= {"jit(run_all)"}
+    assert compiled_b == Counter()
+    np.testing.assert_array_equal(draws_a, first[0])
+    # gaussian_mean_model: 20 observations of y, prior N(0, 10): mean ~ y
+    assert abs(float(np.mean(draws_a)) - 3.0) < 1.0
+    assert abs(float(np.mean(draws_b)) + 3.0) < 1.0
+
+
+def test_progress_bar_loops_compile_once():
+    _, compiled = _run(progress_bar=True, seed=1)
+    assert any("warmup_loop" in n for n in compiled)
+    assert any("block_step" in n for n in compiled)
+    _, again = _run(progress_bar=True, seed=2)
+    assert again == Counter()
