@@ -1,0 +1,113 @@
+r"""Parallel solution of the affine recursion ``s_t = A_t s_{t-1} + b_t``.
+
+The linear step of every DEER iteration is the affine recursion
+
+.. math::
+
+    s_t = A_t s_{t-1} + b_t, \qquad t = 1, \dots, T,
+
+with the initial state folded into ``b_1`` (``A_1 = 0``). Affine maps compose
+associatively: applying ``(A_1, b_1)`` then ``(A_2, b_2)`` is the map
+``(A_2 A_1, A_2 b_1 + b_2)``. :func:`jax.lax.associative_scan` evaluates all
+prefixes of this composition in ``O(log T)`` depth (Blelloch, 1990), which is
+what makes the Newton step parallel over the time axis (Lim et al., 2024).
+
+Two structures of ``A_t`` are supported (each Jacobian strategy of
+:mod:`numpyro_deer.core.jacobian` names its own):
+
+* diagonal, ``A`` of shape ``(T, D)``: the composition is elementwise, ``O(T D)``
+  work and memory (quasi-DEER, Gonzalez et al., 2024);
+* dense, ``A`` of shape ``(T, D, D)``: ``O(T D^3)`` work (full DEER).
+
+The combine operator is written for one pair of elements and vectorised with
+:func:`jax.vmap`, as in Dynamax's parallel filters.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+from jax import Array
+
+
+class AffineElement(NamedTuple):
+    """One element ``(A_t, b_t)`` of the affine recursion.
+
+    Attributes:
+        A: transition, ``(D,)`` for a diagonal or ``(D, D)`` for a dense
+            element (a leading time axis when stacked).
+        b: offset, ``(D,)`` (a leading time axis when stacked).
+    """
+
+    A: Array
+    b: Array
+
+
+def _combine_diagonal(first: AffineElement, second: AffineElement) -> AffineElement:
+    """Compose two diagonal affine maps: ``first`` is applied, then ``second``."""
+    return AffineElement(second.A * first.A, second.A * first.b + second.b)
+
+
+def _combine_dense(
+    first: AffineElement, second: AffineElement, precision: str | None = None
+) -> AffineElement:
+    """Compose two dense affine maps: ``first`` is applied, then ``second``."""
+    A = jnp.matmul(second.A, first.A, precision=precision)
+    b = jnp.matmul(second.A, first.b, precision=precision) + second.b
+    return AffineElement(A, b)
+
+
+def _scan(combine, A: Array, b: Array) -> Array:
+    elements = AffineElement(A, b)
+    # associative_scan calls the operator on stacked slices; vmap lifts the
+    # single-pair operator to them.
+    return jax.lax.associative_scan(jax.vmap(combine), elements).b
+
+
+def scan_diagonal(A: Array, b: Array) -> Array:
+    """All states of ``s_t = A_t * s_{t-1} + b_t`` with ``s_0 = 0``.
+
+    Args:
+        A: diagonal transitions, shape ``(T, D)``.
+        b: offsets, shape ``(T, D)``. Fold a nonzero ``s_0`` into ``b[0]``.
+
+    Returns:
+        The states ``s_1 .. s_T``, shape ``(T, D)``.
+    """
+    return _scan(_combine_diagonal, A, b)
+
+
+def scan_dense(A: Array, b: Array, precision: str | None = None) -> Array:
+    """All states of ``s_t = A_t @ s_{t-1} + b_t`` with ``s_0 = 0``.
+
+    Args:
+        A: dense transitions, shape ``(T, D, D)``.
+        b: offsets, shape ``(T, D)``. Fold a nonzero ``s_0`` into ``b[0]``.
+        precision: precision of the products (:class:`jax.lax.Precision`
+            names); ``None`` follows ``jax.default_matmul_precision``. On a
+            GPU, ``"default"`` lets float32 products run in TF32 on the tensor
+            cores.
+
+    Returns:
+        The states ``s_1 .. s_T``, shape ``(T, D)``.
+    """
+    return _scan(partial(_combine_dense, precision=precision), A, b)
+
+
+def scan_sequential(A: Array, b: Array) -> Array:
+    """Reference: the same recursion with :func:`jax.lax.scan` (diagonal or dense).
+
+    Used by the tests as an oracle; ``O(T)`` depth.
+    """
+    dense = A.ndim == b.ndim + 1
+
+    def step(s, elem):
+        A_t, b_t = elem
+        s = (A_t @ s if dense else A_t * s) + b_t
+        return s, s
+
+    _, states = jax.lax.scan(step, jnp.zeros_like(b[0]), (A, b))
+    return states

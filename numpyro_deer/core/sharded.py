@@ -1,0 +1,307 @@
+r"""DEER with one block's time axis sharded over several devices.
+
+:func:`~numpyro_deer.core.deer_solve` puts the whole block of ``T`` steps on one
+device. :func:`sharded_deer_solve` splits the time axis over the ``n`` devices
+of a one-dimensional :class:`jax.sharding.Mesh`: device ``d`` holds the steps
+``d L + 1 .. (d + 1) L`` (``L = T / n``) and runs, inside
+:func:`jax.shard_map`, the same Newton iteration on its slice:
+
+1. **Shift.** Step ``t`` needs ``s_{t-1}``; the first step of a slice takes the
+   last state of the previous device (:func:`jax.lax.ppermute`), device 0 takes
+   ``s_0``.
+2. **Linearise.** The slice's ``f_t`` and ``J_t`` come from the solver's own
+   :meth:`linearize`, so every Jacobian strategy works. A stochastic
+   strategy's probe key is folded with the iteration and the device index, so
+   no two global steps share a probe.
+3. **Stopping test and front.** Each device counts its leading passed steps;
+   the global front is the minimum (:func:`jax.lax.pmin`) of ``d L + passed_d``
+   over the devices whose slice does not pass entirely (``T`` if all pass). The
+   certificate (the largest residual of the newly frozen steps) is reduced
+   with :func:`jax.lax.pmax`. Frozen steps map to themselves
+   (``A = 0, b = s_t``) and the first unfrozen step is ``F_t`` exactly, as in
+   :func:`~numpyro_deer.core.deer_solve`, so the front grows by at
+   least one step per iteration and the first ``k`` states are exact after
+   ``k`` iterations.
+4. **Linear step.** The strategy's own Newton step (``newton_step``, the one
+   ``deer_solve`` uses) with a two-level scan of the affine recursion
+   ``s_t = A_t s_{t-1} + b_t``. Each device scans its slice from a zero
+   incoming state (the strategy's scan, as in ``deer_solve``), giving
+   ``c_t``; its whole slice is the affine map ``(P, c_L)`` with
+   ``P = A_L ... A_1``. These ``n`` maps are all-gathered and scanned over the
+   devices, which gives each device its incoming state ``s_in`` (the end state
+   of device ``d - 1``); a second scan of the slice adds the response
+   ``A_t ... A_1 s_in``. Global step 1 always has ``A = 0`` (it is frozen or
+   the first unfrozen step), so ``s_0`` never enters the scan, as in the
+   unsharded solver. On a one-device mesh only the first scan runs.
+
+Devices exchange ``O(D)`` (diagonal) or ``O(D^2)`` (dense) numbers per
+iteration, whatever ``T``, in six small collectives; the work per device is
+that of a block of ``L`` steps with two scans instead of one, plus a scan of
+length ``n``.
+
+``solver.sweep`` is ignored (no sequential segments: the iteration counts are
+those of ``sweep=0``; the chain is the same). Everything else -- tolerances,
+``max_iter``, ``max_solves``, :class:`~numpyro_deer.core.NewtonInfo` and its
+result code -- is that of :func:`~numpyro_deer.core.deer_solve`.
+
+The same function runs on several hosts: after :func:`jax.distributed.initialize`
+:func:`jax.devices` lists the devices of all processes and :func:`time_mesh`
+builds the global mesh (see ``docs/scaling.md``).
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import Array
+from jax.sharding import Mesh, PartitionSpec
+
+from .certificate import leading_passed, step_passes, where_rows
+from .jacobian import JacobianStrategy
+from .newton import DEERSolver, NewtonInfo, solve_loop
+from .transition import StepFn
+
+try:  # jax >= 0.6.1
+    _shard_map_fn = jax.shard_map
+    _CHECK = {"check_vma": True}
+except AttributeError:  # pragma: no cover - older jax
+    from jax.experimental.shard_map import shard_map as _shard_map_fn
+
+    _CHECK = {"check_rep": False}
+
+
+def _to_varying(x: Array, axis_name: str) -> Array:
+    """Mark a value that is equal on all devices as per-device (for loop carries)."""
+    if hasattr(jax.lax, "pcast"):
+        return jax.lax.pcast(x, axis_name, to="varying")
+    if hasattr(jax.lax, "pvary"):  # pragma: no cover - jax 0.6 / 0.7
+        return jax.lax.pvary(x, axis_name)
+    return x  # pragma: no cover - no varying-axis checks
+
+
+_DEFAULT_SOLVER = DEERSolver()
+
+
+def time_mesh(devices: Any = None, axis_name: str = "time") -> Mesh:
+    """A one-dimensional mesh over ``devices`` for :func:`sharded_deer_solve`.
+
+    Args:
+        devices: a sequence of devices; default all devices of all processes
+            (:func:`jax.devices`), ordered by process and then by id, so each
+            host holds a contiguous stretch of the time axis and only
+            ``num_hosts - 1`` slice boundaries cross hosts.
+        axis_name: name of the mesh axis.
+
+    Returns:
+        ``Mesh(devices, (axis_name,))``.
+    """
+    if devices is None:
+        devices = sorted(jax.devices(), key=lambda d: (d.process_index, d.id))
+    devices = list(devices)
+    if not devices:
+        raise ValueError("time_mesh(devices=[]): give at least one device.")
+    return Mesh(np.array(devices, dtype=object), (axis_name,))
+
+
+class _Carry(NamedTuple):
+    states: Array  # (L, D): this device's s_t
+    aux: Any  # per-step info of the certifying evaluation, leading axis L
+    front: Array  # global front, equal on all devices
+    iteration: Array
+    residual: Array
+    nonfinite: Array
+
+
+def _sharded_affine_scan(
+    strategy: JacobianStrategy,
+    axis_name: str,
+    device: Array,
+    num_devices: int,
+    A: Array,
+    b: Array,
+) -> Array:
+    """The recursion ``s_t = A_t s_{t-1} + b_t`` (``s_0 = 0``) over all devices."""
+    # The slice's states from a zero incoming state; the same scan as deer_solve.
+    local = strategy.scan(A, b)
+    if num_devices == 1:
+        return local
+    totals_A = jax.lax.all_gather(strategy.compose(A), axis_name)  # (n, D[, D])
+    totals_b = jax.lax.all_gather(local[-1], axis_name)  # (n, D)
+    ends = strategy.scan(totals_A, totals_b)  # the end state of each slice
+    incoming = jnp.concatenate([jnp.zeros_like(ends[:1]), ends[:-1]])[device]
+    # Add the response to the incoming state, s_t += A_t ... A_1 s_in, with a
+    # second scan of the same kind. (Returning every prefix product A_t ... A_1
+    # from one scan is the same arithmetic, but XLA fused that scan into a single
+    # kernel that ran 3x slower than the whole unsharded iteration on an H200.)
+    first = strategy.matvec(A[0], incoming)
+    return local + strategy.scan(A, jnp.zeros_like(b).at[0].set(first))
+
+
+def _sharded_iteration(
+    step_fn: StepFn,
+    solver: DEERSolver,
+    x0: Array,
+    tape: Any,
+    key: Array,
+    axis_name: str,
+    num_devices: int,
+    carry: _Carry,
+) -> _Carry:
+    """One Newton iteration on this device's slice (inside ``shard_map``)."""
+    local_steps = carry.states.shape[0]
+    num_steps = local_steps * num_devices
+    device = jax.lax.axis_index(axis_name)
+    atol, rtol = solver.tolerances(carry.states.dtype)
+    index = device * local_steps + jnp.arange(local_steps)  # global t - 1
+
+    cur = carry.states
+    from_left = jax.lax.ppermute(
+        cur[-1], axis_name, [(i, i + 1) for i in range(num_devices - 1)]
+    )
+    prev = jnp.concatenate([jnp.where(device == 0, x0, from_left)[None], cur[:-1]])
+    probe_key = jax.random.fold_in(key, carry.iteration)
+    if num_devices > 1:
+        probe_key = jax.random.fold_in(probe_key, device)
+    lin = solver.jacobian.linearize(step_fn, prev, tape, probe_key)
+    values = lin.values
+
+    passed, error = step_passes(cur, values, atol, rtol)
+    passed = passed | (index < carry.front)
+    num_passed = leading_passed(passed)
+    # The front is in the first device whose slice does not pass entirely.
+    local_front = jnp.where(
+        num_passed < local_steps, device * local_steps + num_passed, num_steps
+    )
+    front = jax.lax.pmin(local_front, axis_name)
+    newly = (index >= carry.front) & (index < front)
+    local_residual = jnp.max(jnp.where(newly, jnp.max(error, axis=-1), 0.0))
+    residual = jnp.maximum(carry.residual, jax.lax.pmax(local_residual, axis_name))
+    aux = where_rows(newly, lin.aux, carry.aux)
+    scan = partial(
+        _sharded_affine_scan, solver.jacobian, axis_name, device, num_devices
+    )
+    new_cur = solver.jacobian.newton_step(
+        lin, prev, cur, index < front, index <= front, scan
+    )
+
+    local_bad = ~jnp.all(jnp.isfinite(new_cur))
+    bad = jax.lax.pmax(local_bad.astype(jnp.int32), axis_name) > 0
+    return _Carry(
+        states=new_cur,
+        aux=aux,
+        front=front,
+        iteration=carry.iteration + 1,
+        residual=residual,
+        nonfinite=carry.nonfinite | bad,
+    )
+
+
+def _check_mesh(mesh: Mesh, axis_name: str, num_steps: int) -> int:
+    if axis_name not in mesh.axis_names:
+        raise ValueError(
+            f"sharded_deer_solve(axis_name={axis_name!r}): the mesh has axes "
+            f"{tuple(mesh.axis_names)}; pass axis_name= one of them or build the "
+            "mesh with time_mesh()."
+        )
+    num_devices = mesh.shape[axis_name]
+    if num_steps % num_devices:
+        lower = num_steps - num_steps % num_devices
+        raise ValueError(
+            f"sharded_deer_solve: the block has T={num_steps} steps, which is not "
+            f"divisible by the {num_devices} devices of mesh axis {axis_name!r}. "
+            f"Set the block size to a multiple of {num_devices} (e.g. "
+            f"{lower or num_devices} or {lower + num_devices}) or use a mesh whose "
+            f"device count divides {num_steps}."
+        )
+    return num_devices
+
+
+def sharded_deer_solve(
+    step_fn: StepFn,
+    x0: Array,
+    tape: Any,
+    key: Array,
+    solver: DEERSolver = _DEFAULT_SOLVER,
+    mesh: Mesh | None = None,
+    axis_name: str = "time",
+    *,
+    init_states: Array | None = None,
+) -> tuple[Array, Any, NewtonInfo]:
+    """Solve a block of ``T`` taped steps in parallel, its time axis over a mesh.
+
+    The contract is that of :func:`~numpyro_deer.core.deer_solve`: the same result
+    (the same chain, up to the certified tolerance), the same
+    :class:`~numpyro_deer.core.NewtonInfo` (front, certificate, result
+    code), the same ``max_iter`` / ``max_solves`` loop. A stochastic
+    Jacobian draws other probes than the unsharded solve, so the iteration
+    counts may differ; the chain does not. ``solver.sweep`` is ignored (no
+    sequential segments).
+
+    Call it under :func:`jax.jit`; the returned ``states`` and ``aux`` are
+    sharded along the time axis, the ``info`` fields are replicated.
+
+    Args:
+        step_fn: ``(x, tape_t) -> (x_new, aux)``, the taped step.
+        x0: the fixed state ``s_0``, shape ``(D,)``.
+        tape: the tape, a pytree of arrays with leading axis ``T``; ``T`` must
+            be divisible by the number of devices on ``axis_name``.
+        key: key for stochastic Jacobian strategies (kept apart from the tape).
+        solver: the solver settings.
+        mesh: a mesh with an axis ``axis_name``; default :func:`time_mesh`
+            over all devices. Other mesh axes, if any, hold replicas.
+        axis_name: the mesh axis the time axis is split over.
+        init_states: initial guess ``(T, D)``; default ``x0`` repeated.
+
+    Returns:
+        ``(states, aux, info)`` as for :func:`~numpyro_deer.core.deer_solve`. Only
+        ``states[:front]`` is exact when ``info.converged`` is false.
+
+    Raises:
+        ValueError: ``T`` is not divisible by the device count, or the mesh has
+            no axis ``axis_name``.
+    """
+    num_steps = jax.tree.leaves(tape)[0].shape[0]
+    mesh = time_mesh(axis_name=axis_name) if mesh is None else mesh
+    num_devices = _check_mesh(mesh, axis_name, num_steps)
+    local_steps = num_steps // num_devices
+    x0 = jnp.asarray(x0)
+    _, aux_shape = jax.eval_shape(step_fn, x0, jax.tree.map(lambda x: x[0], tape))
+
+    def solve(x0, tape, key, init_states):
+        if init_states is None:
+            init_states = _to_varying(
+                jnp.broadcast_to(x0, (local_steps,) + x0.shape), axis_name
+            )
+        aux = jax.tree.map(
+            lambda s: _to_varying(
+                jnp.zeros((local_steps,) + s.shape, s.dtype), axis_name
+            ),
+            aux_shape,
+        )
+        zero = jnp.zeros((), jnp.int32)
+        carry = _Carry(
+            init_states, aux, zero, zero, jnp.zeros((), x0.dtype), jnp.zeros((), bool)
+        )
+
+        def iteration(c):
+            return _sharded_iteration(
+                step_fn, solver, x0, tape, key, axis_name, num_devices, c
+            )
+
+        carry, info = solve_loop(iteration, carry, num_steps, solver)
+        return carry.states, carry.aux, info
+
+    time, replicated = PartitionSpec(axis_name), PartitionSpec()
+    in_specs = (replicated, time, replicated, None if init_states is None else time)
+    sharded = _shard_map_fn(
+        solve,
+        mesh=mesh,
+        in_specs=in_specs,
+        out_specs=(time, time, replicated),
+        **_CHECK,
+    )
+    return sharded(x0, tape, key, init_states)

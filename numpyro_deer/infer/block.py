@@ -1,0 +1,280 @@
+"""Blocks of MALA draws: solved by DEER, buffered in the state, handed out one by one.
+
+A *block* is ``B`` consecutive MALA transitions after warmup, with the step size
+and mass matrix fixed. It is computed at once by :func:`refill_block` and kept in
+the kernel state as a :class:`BlockBuffer`; :func:`emit_draw` turns buffer entry
+``k`` into the kernel state after that draw. ``numpyro.infer.MCMC`` calls the
+kernel once per draw and so emits entries one at a time; the block driver
+(:class:`numpyro_deer.MCMC`) emits a whole block per loop iteration from the same
+buffer, so both hand out the same chain.
+
+The block is solved in whitened coordinates ``w = L^{-1} x`` (``M = L L^T`` the
+inverse mass matrix adapted in warmup), where MALA with preconditioner ``M``
+becomes MALA with the identity (Roberts and Stramer, 2002). A block whose DEER
+solve does not pass is finished sequentially: the states up to the solve's front
+are kept (each certified against its predecessor) and the rest of the block is
+computed one step after the other with the same tape, so its draws are the chain
+either way, and ``deer_converged`` says which happened.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+from jax import Array
+
+from ..core.hessian import curvature_basis
+from ..core.mala import MALA
+from ..core.metric import mass_matrix_sqrt, mul_sqrt, solve_sqrt, whiten
+from ..core.newton import RESULTS, DEERSolver, NewtonInfo, deer_solve, no_solve_info
+from ..core.transition import (
+    Transition,
+    finish_chain,
+    make_sequential_step,
+    make_step_fn,
+    sequential_chain,
+)
+from .hessian_mass import MAX_HESSIAN_DIM
+
+
+class BlockBuffer(NamedTuple):
+    """A solved block of draws, kept in the kernel state.
+
+    Attributes:
+        z: the draws, flat unconstrained coordinates, shape ``(B, D)``.
+        potential_energy, accept_prob, diverging: per draw, shape ``(B,)``.
+        accept_sum: running sum of ``accept_prob`` within the block.
+        index: how many entries have been handed out.
+        key_bits: raw bits of the state's key right after the refill; a state
+            whose key differs (``MCMC.run`` replaced it) refills first.
+        start_i, start_mean_accept_prob: the state's ``i`` and
+            ``mean_accept_prob`` before the block.
+        info: the DEER solve of the block.
+    """
+
+    z: Array
+    potential_energy: Array
+    accept_prob: Array
+    diverging: Array
+    accept_sum: Array
+    index: Array
+    key_bits: Array
+    start_i: Array
+    start_mean_accept_prob: Array
+    info: NewtonInfo
+
+
+class DEERMALAState(NamedTuple):
+    """State of :class:`~numpyro_deer.DEERMALA`, one per draw.
+
+    Attributes:
+        i: iteration, counting warmup.
+        z: latent values (unconstrained), a dict keyed by site name.
+        potential_energy: potential energy at ``z``.
+        accept_prob: acceptance probability of the step that produced ``z``.
+        mean_accept_prob: running mean of ``accept_prob`` over the current
+            phase (warmup or sampling).
+        diverging: the step's proposal had a non-finite potential (rejected).
+        newton_iterations: Newton iterations of the block the draw came from
+            (0 in warmup).
+        deer_converged: whether that block's DEER solve passed; ``False`` means
+            the block was finished sequentially from the solve's front (draws
+            still the chain) or, with ``on_failure="warn"``, kept as the
+            solve left it. ``block.info.result`` says why it stopped.
+        adapt_state: NumPyro's ``HMCAdaptState`` (step size, mass matrix).
+        rng_key: random key.
+        block: the buffer of the current block (internal).
+        curvature_points: ``(K, D)`` flat draws where the mean Hessian of the
+            next block's solve basis is taken (``solve_basis="hessian"``):
+            spread over the later warmup, then over the previous block.
+    """
+
+    i: Array
+    z: Any
+    potential_energy: Array
+    accept_prob: Array
+    mean_accept_prob: Array
+    diverging: Array
+    newton_iterations: Array
+    deer_converged: Array
+    adapt_state: Any
+    rng_key: Array
+    block: BlockBuffer
+    curvature_points: Array
+
+
+NUM_CURVATURE_POINTS = 16
+"""Draws the solve basis averages the Hessian over (``K``)."""
+
+
+def record_warmup_draw(points: Array, i: Array, num_warmup: int, x: Array) -> Array:
+    """Keep warmup draw ``i`` (1-based) if it is one of the curvature points.
+
+    Every ``s``-th warmup draw, ``s = max(1, num_warmup // (2 K))``, counted
+    back from the last, goes into a ring of ``K`` slots. During warmup the
+    ring holds the ``K`` latest such draws (the Hessian mass matrix uses them
+    at each window end); at its end, every ``s``-th of the last ``K s``
+    draws: spread over the later half of warmup, the last draw included. With
+    fewer than ``K`` warmup draws the remaining slots keep the initial point.
+    """
+    num_points = points.shape[0]
+    stride = max(1, num_warmup // (2 * num_points))
+    back = num_warmup - i  # 0 for the last warmup draw
+    take = (back >= 0) & (back % stride == 0)
+    slot = (back // stride) % num_points
+    return jnp.where(take, points.at[slot].set(x), points)
+
+
+def block_points(z: Array, num_points: int) -> Array:
+    """``num_points`` draws of a block, evenly spaced and ending at its last."""
+    block_size = z.shape[0]
+    index = (jnp.arange(1, num_points + 1) * block_size) // num_points - 1
+    return z[jnp.maximum(index, 0)]
+
+
+def key_bits(rng_key: Array) -> Array:
+    """Raw ``uint32`` bits of a raw or typed PRNG key."""
+    if jnp.issubdtype(rng_key.dtype, jax.dtypes.prng_key):
+        return jax.random.key_data(rng_key)
+    return rng_key
+
+
+def empty_block(block_size: int, z_flat: Array, rng_key: Array) -> BlockBuffer:
+    """A buffer with nothing left to hand out (``index == B``)."""
+    zeros = jnp.zeros((block_size,), z_flat.dtype)
+    info = no_solve_info(z_flat.dtype)
+    return BlockBuffer(
+        z=jnp.zeros((block_size,) + z_flat.shape, z_flat.dtype),
+        potential_energy=zeros,
+        accept_prob=zeros,
+        diverging=jnp.zeros((block_size,), bool),
+        accept_sum=zeros,
+        index=jnp.full((), block_size, jnp.int32),
+        key_bits=jnp.zeros_like(key_bits(rng_key)),
+        start_i=jnp.zeros((), jnp.int32),
+        start_mean_accept_prob=zeros[0],
+        info=info,
+    )
+
+
+def needs_refill(state: DEERMALAState) -> Array:
+    """The buffer is used up, or the state's key is not the one it was made with."""
+    block = state.block
+    exhausted = block.index >= block.z.shape[0]
+    return exhausted | jnp.any(key_bits(state.rng_key) != block.key_bits)
+
+
+def refill_block(
+    state: DEERMALAState,
+    potential_flat: Callable[[Array], Array],
+    ravel: Callable[[Any], Array],
+    solver: DEERSolver,
+    method: str = "deer",
+    on_failure: str = "sequential",
+    transition: Transition = MALA(),
+) -> DEERMALAState:
+    """Solve the next block from ``state.z`` with a fresh tape; ``index = 0``.
+
+    ``method="sequential"`` computes the block with the sequential scan of the
+    same tape (the reference, and a user-selectable method). A DEER solve that
+    does not converge is finished sequentially from its front (the states
+    before it are certified, the rest recomputed with the same tape), except
+    with ``on_failure="warn"``, which keeps the solve's last iterate unless it
+    turned non-finite. The block is
+    solved in the whitened coordinates ``w = L^{-1} x``, rotated to the mean
+    Hessian's eigenbasis when ``solver.solve_basis`` says so (both methods use
+    the same basis, so they compute the same chain).
+    """
+    block_size = state.block.z.shape[0]
+    rng_key, key_tape, key_probe = jax.random.split(state.rng_key, 3)
+    adapt = state.adapt_state
+    step_size = adapt.step_size
+    mass_sqrt = mass_matrix_sqrt(adapt.inverse_mass_matrix)
+    potential_w = whiten(potential_flat, mass_sqrt)
+    w0 = solve_sqrt(mass_sqrt, ravel(state.z))
+    tape = transition.make_tape(key_tape, block_size, w0.shape[0], w0.dtype)
+
+    solve_basis = solver.solve_basis
+    if solve_basis == "auto":
+        solve_basis = "hessian" if w0.shape[0] <= MAX_HESSIAN_DIM else "whitened"
+    if solve_basis == "hessian":
+        points = jax.vmap(lambda x: solve_sqrt(mass_sqrt, x))(state.curvature_points)
+        basis = curvature_basis(potential_w, points)
+        potential_u = lambda u: potential_w(basis @ u)  # noqa: E731
+        tape_u = transition.rotate_tape(tape, basis)
+        u0 = basis.T @ w0
+    else:
+        basis, potential_u, tape_u, u0 = None, potential_w, tape, w0
+
+    if method == "sequential":
+        u, step_info = sequential_chain(transition, potential_u, u0, tape_u, step_size)
+        info = no_solve_info(w0.dtype)
+    else:
+        gate = solver.gate
+        step_fn = make_step_fn(transition, potential_u, step_size, None, gate)
+        sequential = make_sequential_step(
+            transition, potential_u, step_size, None, gate
+        )
+        u, step_info, info = deer_solve(
+            step_fn, u0, tape_u, key_probe, solver, None, sequential
+        )
+        finish = ~info.converged
+        if on_failure == "warn":
+            finish = info.result == RESULTS.nonfinite
+        u, step_info = jax.lax.cond(
+            ~finish,
+            lambda _: (u, step_info),
+            lambda _: finish_chain(
+                transition, potential_u, u0, tape_u, step_size, u, step_info, info.front
+            ),
+            None,
+        )
+    w = u if basis is None else u @ basis.T
+    accept_prob = step_info.accept_prob
+    block = BlockBuffer(
+        z=jax.vmap(lambda w: mul_sqrt(mass_sqrt, w))(w),
+        potential_energy=step_info.potential_energy,
+        accept_prob=accept_prob,
+        diverging=step_info.diverging,
+        accept_sum=jnp.cumsum(accept_prob),
+        index=jnp.zeros((), jnp.int32),
+        key_bits=key_bits(rng_key),
+        start_i=jnp.asarray(state.i, jnp.int32),
+        start_mean_accept_prob=state.mean_accept_prob,
+        info=info,
+    )
+    return state._replace(
+        rng_key=rng_key,
+        block=block,
+        curvature_points=block_points(block.z, state.curvature_points.shape[0]),
+    )
+
+
+def emit_draw(
+    state: DEERMALAState,
+    k: Array,
+    unravel: Callable[[Array], Any],
+    num_warmup: int,
+) -> DEERMALAState:
+    """The state after handing out buffer entry ``k`` (``index = k + 1``)."""
+    block = state.block
+    i = block.start_i + k + 1
+    # running mean over the sampling phase, as NumPyro's kernels keep it
+    done_before = (block.start_i - num_warmup).astype(block.accept_sum.dtype)
+    mean_accept_prob = (
+        block.start_mean_accept_prob * done_before + block.accept_sum[k]
+    ) / (done_before + k + 1)
+    return state._replace(
+        i=i,
+        z=unravel(block.z[k]),
+        potential_energy=block.potential_energy[k],
+        accept_prob=block.accept_prob[k],
+        mean_accept_prob=mean_accept_prob,
+        diverging=block.diverging[k],
+        newton_iterations=block.info.iterations,
+        deer_converged=block.info.converged,
+        block=block._replace(index=jnp.asarray(k + 1, jnp.int32)),
+    )

@@ -1,0 +1,444 @@
+"""``numpyro_deer.MCMC``: a drop-in ``numpyro.infer.MCMC`` advancing a block per loop.
+
+Stock ``MCMC`` calls the kernel once per draw; on a GPU that loop alone costs
+more than a sequential MALA step (see the performance page of the docs). For a
+block kernel (one with ``block_refill`` and ``block_emit``, such as
+:class:`~numpyro_deer.DEERMALA`) this driver instead
+
+* runs warmup as a compiled loop of the kernel's own ``sample`` (so warmup is
+  exactly what stock ``MCMC`` does), in chunks for the progress bar;
+* then, per loop iteration, refills the kernel's block (one DEER solve), maps
+  NumPyro's postprocess over all its draws with :func:`jax.vmap`, and scatters
+  them into the collection at the slots stock ``MCMC`` would use, thinning
+  included.
+
+The states, the collection and ``last_state`` are those stock ``MCMC`` builds, so
+``get_samples``, ``print_summary``, ``extra_fields``, ``warmup``/``run``,
+``post_warmup_state`` and ``arviz.from_numpyro`` behave the same, and the draws
+are the same for the same key. Kernels that are not block kernels run through
+the stock loop. Compiled loop functions are cached on the object, so a second
+``run`` with the same shapes does not recompile.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import numpyro.infer
+import tqdm
+
+from . import memory
+from . import numpyro_compat as compat
+from .checks import translate_tracer_errors
+from .convergence import (
+    DEERConvergenceError,
+    DEERConvergenceWarning,
+    reraise_convergence_error,
+    warn_unconverged,
+)
+
+__all__ = ["MCMC", "DEERConvergenceError", "DEERConvergenceWarning", "is_block_kernel"]
+
+
+def is_block_kernel(kernel) -> bool:
+    """Whether ``kernel`` offers the block protocol the driver uses."""
+    names = ("block_warmup", "block_refill", "block_emit", "block_size")
+    return all(hasattr(kernel, name) for name in names)
+
+
+def _collection_slots(n, start_idx, thinning, valid, size):
+    """Slot of loop iteration ``n`` in the collection, as ``fori_collect`` places it.
+
+    ``fori_collect`` writes iteration ``n`` to slot ``(n - start_idx) // thinning``
+    and later iterations overwrite earlier ones, so a slot keeps the last
+    iteration of its thinning group. Anything else goes to ``size`` (dropped).
+    """
+    offset = n - start_idx
+    keep = valid & (offset >= 0) & (offset % thinning == thinning - 1)
+    return jnp.where(keep, offset // thinning, size)
+
+
+def _scatter(collection, slots, values):
+    return jax.tree.map(
+        lambda c, v: c.at[slots].set(v.astype(c.dtype), mode="drop"), collection, values
+    )
+
+
+class MCMC(numpyro.infer.MCMC):
+    """``numpyro.infer.MCMC`` with a fast path for block kernels.
+
+    Same constructor, methods and results as :class:`numpyro.infer.MCMC`. With
+    a :class:`~numpyro_deer.DEERMALA` kernel it advances one block of draws per
+    loop iteration; other kernels run exactly as in NumPyro.
+
+    Example::
+
+        from numpyro_deer import DEERMALA, MCMC
+
+        mcmc = MCMC(DEERMALA(model), num_warmup=1000, num_samples=100_000)
+        mcmc.run(jax.random.PRNGKey(0), X, y)
+    """
+
+    def __init__(self, sampler, **kwargs):
+        super().__init__(sampler, **kwargs)
+        self._block_fns = {}
+        self._memory_checked = set()
+        self._chain_stats = []
+
+    def __getstate__(self):
+        state = super().__getstate__()
+        state["_block_fns"] = {}
+        state["_memory_checked"] = set()
+        state["_chain_stats"] = []
+        return state
+
+    def run(self, *args, **kwargs):
+        # chains run inside pmap (chain_method="parallel") report their
+        # failed-block counts from the devices; warn once here
+        self._chain_stats = []
+        with reraise_convergence_error():
+            result = super().run(*args, **kwargs)
+        stats, self._chain_stats = self._chain_stats, []
+        if stats:
+            blocks, failed, bits = zip(*stats, strict=True)
+            combined = (sum(blocks), sum(failed), int(np.bitwise_or.reduce(bits)))
+            self._warn_failed_blocks(combined)
+        return result
+
+    def _record_chain_stats(self, blocks, failed, bits) -> None:
+        self._chain_stats.append((int(blocks), int(failed), int(bits)))
+
+    def _warn_failed_blocks(self, stats) -> None:
+        blocks, failed, bits = (int(s) for s in stats)
+        if failed:
+            on_failure = getattr(self.sampler, "on_failure", "sequential")
+            warn_unconverged(failed, blocks, on_failure, bits, stacklevel=4)
+
+    # ------------------------------------------------------------- loop fns
+    def _loop_fns(self, collect_fields, remove_sites, batched, size, static):
+        """The compiled loops for these settings, cached on the object.
+
+        The model's array arguments are arguments of the compiled loops (never
+        closed over), so new data of the same shape, or a buffer refilled in
+        place, reuses them and is read afresh; ``static`` (see
+        :func:`_split_model_args`) holds the argument tree and its non-array
+        leaves (Python numbers, strings, ``None``: the ones shapes depend on),
+        compared by value.
+        """
+        key = (collect_fields, remove_sites, batched, size, self.thinning, static)
+        try:
+            hash(key)
+        except TypeError:  # unhashable non-array arguments: no caching
+            key = None
+        if key is not None and key in self._block_fns:
+            return self._block_fns[key]
+
+        kernel = self.sampler
+        transform = compat.collect_transform(
+            compat.postprocess_fn_with_args(self), collect_fields, remove_sites
+        )
+        thinning = self.thinning
+        treedef, static_leaves = static
+
+        def unflatten(dynamic):
+            dynamic = iter(dynamic)
+            leaves = [next(dynamic) if s is _DYNAMIC else s[1] for s in static_leaves]
+            return jax.tree.unflatten(treedef, leaves)
+
+        def collected(state, args, kwargs):
+            return transform((state, args, kwargs))
+
+        def warmup_loop(state, collection, n0, n1, start_idx, dynamic):
+            args, kwargs = unflatten(dynamic)
+
+            def body(n, carry):
+                state, collection = carry
+                state = kernel.block_warmup(state, args, kwargs, batched=batched)
+                slot = _collection_slots(n, start_idx, thinning, True, size)
+                value = jax.tree.map(lambda x: x[None], collected(state, args, kwargs))
+                return state, _scatter(collection, slot[None], value)
+
+            return jax.lax.fori_loop(n0, n1, body, (state, collection))
+
+        def block_step(
+            state, collection, done, stats, n_offset, total, start_idx, dynamic
+        ):
+            args, kwargs = unflatten(dynamic)
+            state = kernel.block_refill(state, args, kwargs, batched=batched)
+            # the buffer's own size: a post_warmup_state may come from a kernel
+            # with another block_size
+            block_size = buffer_size(state, batched)
+            index = state.block.index[0] if batched else state.block.index
+            k = jnp.arange(block_size)
+            draws = jax.vmap(
+                lambda k: collected(
+                    kernel.block_emit(state, k, batched=batched), args, kwargs
+                )
+            )(k)
+            sample_n = done + k - index
+            valid = (k >= index) & (sample_n < total)
+            slots = _collection_slots(
+                n_offset + sample_n, start_idx, thinning, valid, size
+            )
+            collection = _scatter(collection, slots, draws)
+            consumed = jnp.minimum(block_size - index, total - done)
+            state = kernel.block_emit(state, index + consumed - 1, batched=batched)
+            info = state.block.info
+            failed = (index == 0) & ~info.converged
+            stats = (
+                stats[0] + (index == 0).astype(jnp.int32),
+                stats[1] + jnp.sum(failed, dtype=jnp.int32),
+                # bit c for every result code c of a failed block
+                stats[2]
+                | jnp.bitwise_or.reduce(
+                    jnp.where(failed, 1 << info.result, 0), axis=None
+                ),
+            )
+            return state, collection, done + consumed, stats
+
+        def run_all(state, collection, n_warmup, total, start_idx, dynamic):
+            state, collection = warmup_loop(
+                state, collection, 0, n_warmup, start_idx, dynamic
+            )
+            zero = jnp.zeros((), jnp.int32)
+            limit = max_block_steps(total, buffer_size(state, batched))
+
+            def body(carry):
+                *carry, steps = carry
+                carry = block_step(*carry, n_warmup, total, start_idx, dynamic)
+                return (*carry, steps + 1)
+
+            def cond(carry):
+                return (carry[2] < total) & (carry[4] < limit)
+
+            state, collection, done, stats, _ = jax.lax.while_loop(
+                cond, body, (state, collection, zero, (zero, zero, zero), zero)
+            )
+            return state, collection, stats, done
+
+        # the collection is updated in place where the backend can donate
+        donate = () if jax.default_backend() == "cpu" else (1,)
+        fns = (
+            jax.jit(warmup_loop, donate_argnums=donate),
+            jax.jit(block_step, donate_argnums=donate),
+            run_all,
+            jax.jit(run_all, donate_argnums=donate),
+            lambda state, dynamic: collected(state, *unflatten(dynamic)),
+        )
+        if key is not None:
+            self._block_fns[key] = fns
+        return fns
+
+    # ------------------------------------------------------------------ run
+    def _single_chain_mcmc(self, init, args, kwargs, collect_fields, remove_sites):
+        if not is_block_kernel(self.sampler):
+            return super()._single_chain_mcmc(
+                init, args, kwargs, collect_fields, remove_sites
+            )
+        compat.check_mcmc_internals(self)
+        rng_key, init_state, init_params = init
+        if init_state is None or getattr(self.sampler, "_sample_fn", None) is None:
+            new_state = self.sampler.init(
+                rng_key,
+                self.num_warmup,
+                init_params,
+                model_args=args,
+                model_kwargs=kwargs,
+            )
+            init_state = new_state if init_state is None else init_state
+        lower, upper, size, phase = compat.collection_params(self)
+        thinning = self.thinning
+        size = (upper - lower) // thinning if size is None else size // thinning
+        start_idx = lower + (upper - lower) % thinning
+        batched = jnp.ndim(init_state.i) > 0
+        n_warmup = self._num_warmup_iterations(init_state, upper)
+        dynamic, static = _split_model_args(args, kwargs, self._jit_model_args)
+        warmup_fn, block_fn, run_all, run_all_jit, collected = self._loop_fns(
+            collect_fields, remove_sites, batched, size, static
+        )
+        with translate_tracer_errors():
+            proto = jax.eval_shape(collected, init_state, dynamic)
+        collection = jax.tree.map(
+            lambda s: jnp.zeros((size,) + s.shape, s.dtype), proto
+        )
+        total = upper - n_warmup
+        if total > 0 and not isinstance(init_state.i, jax.core.Tracer):
+            self._check_block_memory(
+                block_fn, init_state, collection, n_warmup, total, start_idx,
+                dynamic,
+            )  # fmt: skip
+        if isinstance(init_state.i, jax.core.Tracer):
+            # inside pmap or jit: one compiled loop, no progress bar; the
+            # failed-block counts travel out with the state (see _run_parallel)
+            state, collection, stats, _ = run_all(
+                init_state, collection, n_warmup, total, start_idx, dynamic
+            )
+            jax.debug.callback(self._record_chain_stats, *stats)
+        elif not self.progress_bar:
+            with translate_tracer_errors():
+                state, collection, stats, done = run_all_jit(
+                    init_state,
+                    collection,
+                    _i32(n_warmup),
+                    _i32(total),
+                    _i32(start_idx),
+                    dynamic,
+                )
+            _check_progress(done, total, state, batched)
+            self._warn_failed_blocks(stats)
+        else:
+            with translate_tracer_errors():
+                state, collection = self._run_with_progress(
+                    warmup_fn,
+                    block_fn,
+                    init_state,
+                    collection,
+                    n_warmup,
+                    total,
+                    start_idx,
+                    phase,
+                    dynamic,
+                    batched,
+                )
+        if len(collect_fields) == 1:
+            collection = (collection,)
+        return dict(zip(collect_fields, collection, strict=True)), state
+
+    def _check_block_memory(
+        self, block_fn, state, collection, n_warmup, total, start_idx, dynamic
+    ):
+        """Compile one block step ahead of time; compare its memory with the device's.
+
+        Raises ``ValueError`` with a ``block_size`` that fits. Devices without
+        memory statistics (the CPU) are not checked, and each compiled loop is
+        checked once.
+        """
+        free = memory.free_device_bytes()
+        if free is None or id(block_fn) in self._memory_checked:
+            return
+        zero = _i32(0)
+        compiled = block_fn.lower(
+            state, collection, zero, (zero, zero, zero), _i32(n_warmup), _i32(total),
+            _i32(start_idx), dynamic,
+        ).compile()  # fmt: skip
+        memory.check_block_memory(
+            memory.compiled_bytes(compiled), free, self.sampler.block_size
+        )
+        self._memory_checked.add(id(block_fn))
+
+    def _num_warmup_iterations(self, state, upper: int) -> int:
+        """Loop iterations that are warmup steps for this ``run``."""
+        if isinstance(state.i, jax.core.Tracer):
+            start = self.num_warmup if compat.has_post_warmup_state(self) else 0
+        else:
+            start = int(np.min(np.asarray(state.i)))
+        return max(0, min(upper, self.num_warmup - start))
+
+    def _run_with_progress(
+        self,
+        warmup_fn,
+        block_fn,
+        state,
+        collection,
+        n_warmup,
+        total,
+        start_idx,
+        phase,
+        dynamic,
+        batched,
+    ):
+        """Warmup in about 20 chunks, then one block per call, with a tqdm bar."""
+        bar = tqdm.tqdm(total=n_warmup + total, unit="draws", dynamic_ncols=True)
+        with bar:
+            bar.set_description(phase or "warmup")
+            chunk = max(1, -(-n_warmup // 20))
+            start = _i32(start_idx)
+            for n0 in range(0, n_warmup, chunk):
+                n1 = min(n_warmup, n0 + chunk)
+                state, collection = warmup_fn(
+                    state, collection, _i32(n0), _i32(n1), start, dynamic
+                )
+                bar.update(n1 - n0)
+                bar.set_postfix_str(
+                    f"acc. prob={float(jnp.mean(state.mean_accept_prob)):.2f}",
+                    refresh=False,
+                )
+            bar.set_description(phase or "sample")
+            done, stats = _i32(0), (_i32(0), _i32(0), _i32(0))
+            limit = steps = None
+            while int(done) < total:
+                if limit is None:
+                    limit = int(max_block_steps(total, buffer_size(state, batched)))
+                if steps == limit:
+                    break
+                steps = (steps or 0) + 1
+                before = int(done)
+                state, collection, done, stats = block_fn(
+                    state,
+                    collection,
+                    done,
+                    stats,
+                    _i32(n_warmup),
+                    _i32(total),
+                    start,
+                    dynamic,
+                )
+                bar.update(int(done) - before)
+                bar.set_postfix_str(
+                    f"newton its={int(jnp.max(state.block.info.iterations))} "
+                    f"acc. prob={float(jnp.mean(state.mean_accept_prob)):.2f}",
+                    refresh=False,
+                )
+        _check_progress(done, total, state, batched)
+        self._warn_failed_blocks(stats)
+        return state, collection
+
+
+_DYNAMIC = object()
+"""Marks a leaf of the model arguments that is passed to the compiled loop."""
+
+
+def _split_model_args(args, kwargs, jit_model_args: bool):
+    """``(dynamic, static)``: the array leaves of ``(args, kwargs)``, and the rest.
+
+    ``static = (treedef, leaves)`` with each array leaf replaced by a marker
+    and each other leaf by ``(type, value)``, so that it compares by value
+    (``1`` and ``1.0`` differ). Under ``jit_model_args`` every leaf is dynamic,
+    as in stock ``MCMC``.
+    """
+    leaves, treedef = jax.tree.flatten((args, kwargs))
+    dynamic, static = [], []
+    for leaf in leaves:
+        if jit_model_args or isinstance(leaf, (np.ndarray, jax.Array)):
+            dynamic.append(leaf)
+            static.append(_DYNAMIC)
+        else:
+            static.append((type(leaf), leaf))
+    return tuple(dynamic), (treedef, tuple(static))
+
+
+def buffer_size(state, batched: bool) -> int:
+    """Draws per block of the state's buffer (its own, not the kernel's)."""
+    return state.block.z.shape[1 if batched else 0]
+
+
+def max_block_steps(total, block_size: int):
+    """Most loop iterations ``total`` draws can take: each iteration after the
+    first (which may start in a partly used buffer) hands out a whole block."""
+    return total // block_size + 2
+
+
+def _check_progress(done, total: int, state, batched: bool) -> None:
+    if int(done) < total:
+        raise RuntimeError(
+            f"numpyro_deer.MCMC: the block loop stopped after "
+            f"{max_block_steps(total, buffer_size(state, batched))} iterations "
+            f"with {int(done)} of {total} draws: the state's block buffer (size "
+            f"{buffer_size(state, batched)}) and the loop disagree about the "
+            "draws left. Please report this with the model and settings."
+        )
+
+
+def _i32(n) -> jax.Array:
+    return jnp.asarray(n, jnp.int32)

@@ -1,0 +1,158 @@
+r"""A dense mass matrix from the curvature of the potential.
+
+NumPyro's windowed adaptation estimates the inverse mass matrix ``M`` as the
+covariance of the draws of each warmup window. A dense covariance needs many
+effective draws (``D (D + 1) / 2`` entries), which a slowly mixing MALA warmup
+does not provide. The curvature does not need them: the Hessian of the
+potential ``U`` averaged over a few draws ``x_k`` of the posterior,
+
+.. math::
+
+    \bar H = \frac{1}{K} \sum_k \nabla^2 U(x_k), \qquad
+    M = \bar H^{-1},
+
+is a full-rank estimate of the posterior precision (exact for a Gaussian), the
+"Laplace" preconditioner of Newton-type samplers (Girolami and Calderhead,
+2011, use the local one; here it is fixed after warmup so MALA stays MALA). In
+the metric ``M`` the mean curvature is the identity, so one step size suits
+every direction. Where ``U`` is not convex the eigenvalues are taken in
+absolute value (as in Betancourt's SoftAbs metric, 2013) and floored at
+:data:`EIGENVALUE_FLOOR` times the largest one.
+
+:func:`hessian_window_end` plugs this into NumPyro's ``warmup_adapter``: at the
+end of each middle window, after NumPyro's own (sample covariance) update,
+the inverse mass matrix is replaced by ``M`` from the kernel's curvature
+points, and the step size search and dual averaging restart in the new metric
+exactly as NumPyro does after its own update.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax import Array
+from numpyro.infer.hmc_util import dual_averaging
+
+from ..core.hessian import mean_hessian_eigh
+
+EIGENVALUE_FLOOR = 1e-4
+"""Smallest eigenvalue of the mean Hessian kept, relative to the largest."""
+
+MAX_HESSIAN_DIM = 512
+"""Largest latent dimension for which the ``"auto"`` settings use the mean
+Hessian (``solve_basis`` and ``adapt_mass_matrix``): it costs ``16 D``
+Hessian-vector products and a ``D x D`` eigendecomposition per use, and a
+``D x D`` product per gradient."""
+
+
+def resolve_mass_adaptation(
+    adapt_mass_matrix: bool | str, dense_mass: bool, dim: int
+) -> bool | str:
+    """``adapt_mass_matrix="auto"`` as ``"hessian"`` or ``True``.
+
+    ``"auto"`` is the Hessian mass up to :data:`MAX_HESSIAN_DIM` latent
+    dimensions unless a dense sample covariance was asked for
+    (``dense_mass=True``), NumPyro's windowed estimate otherwise. Any other
+    value is returned as it is.
+    """
+    if adapt_mass_matrix != "auto":
+        return adapt_mass_matrix
+    return "hessian" if not dense_mass and dim <= MAX_HESSIAN_DIM else True
+
+
+def hessian_inverse_mass(
+    potential: Callable[[Array], Array], points: Array
+) -> tuple[Array, Array, Array, Array]:
+    """``M = |H|^{-1}`` and NumPyro's two square roots of it, and a finite flag.
+
+    Returns ``(inverse_mass_matrix, mass_matrix_sqrt, mass_matrix_sqrt_inv,
+    finite)`` with NumPyro's conventions for a dense matrix:
+    ``mass_matrix_sqrt`` is the lower Cholesky factor of the mass matrix
+    ``M^{-1}`` and ``mass_matrix_sqrt_inv`` its inverse. ``finite`` is false
+    when the Hessian is not finite at some point; the matrices are then
+    meaningless.
+    """
+    eigenvalues, vectors, finite = mean_hessian_eigh(potential, points)
+    eye = jnp.eye(vectors.shape[-1], dtype=vectors.dtype)
+    magnitude = jnp.abs(eigenvalues)
+    magnitude = jnp.maximum(magnitude, EIGENVALUE_FLOOR * jnp.max(magnitude))
+    inverse = (vectors / magnitude) @ vectors.T
+    inverse = 0.5 * (inverse + inverse.T)
+    # NumPyro's factorisation of a dense inverse mass matrix (hmc_util)
+    sqrt_inv = jnp.swapaxes(
+        jnp.linalg.cholesky(inverse[::-1, ::-1])[::-1, ::-1], -2, -1
+    )
+    sqrt = jax.scipy.linalg.solve_triangular(sqrt_inv, eye, lower=True)
+    return inverse, sqrt, sqrt_inv, finite
+
+
+def hessian_window_end(
+    before: Any,
+    after: Any,
+    potential: Callable[[Array], Array],
+    points: Array,
+    x: Array,
+    num_windows: int,
+    find_step_size: Callable | None,
+) -> Any:
+    """NumPyro's adapt state ``after`` one update, with the Hessian metric.
+
+    Args:
+        before: the ``HMCAdaptState`` before ``warmup_adapter``'s update.
+        after: the state it returned (dense mass matrix).
+        potential: the potential energy on flat unconstrained values.
+        points: curvature points, shape ``(K, D)``.
+        x: the current draw (for the step size search).
+        num_windows: windows of NumPyro's adaptation schedule.
+        find_step_size: ``(step_size, inverse_mass_matrix, z_info, key)`` ->
+            step size, or ``None`` when the step size is not adapted.
+
+    At the end of a middle window (where NumPyro updates the mass matrix) the
+    inverse mass matrix becomes the Hessian one, unless the mean Hessian is
+    not finite (NumPyro's estimate is kept then); elsewhere ``after`` is
+    returned unchanged.
+    """
+
+    def replace(state):
+        return hessian_metric(state, potential, points, x, find_step_size)
+
+    return jax.lax.cond(
+        is_hessian_window_end(before, after, num_windows), replace, lambda s: s, after
+    )
+
+
+def is_hessian_window_end(before: Any, after: Any, num_windows: int) -> Array:
+    """Whether the update ``before -> after`` ended a middle adaptation window."""
+    window_end = after.window_idx != before.window_idx
+    middle = (before.window_idx > 0) & (before.window_idx < num_windows - 1)
+    return window_end & middle
+
+
+def hessian_metric(
+    state: Any,
+    potential: Callable[[Array], Array],
+    points: Array,
+    x: Array,
+    find_step_size: Callable | None,
+) -> Any:
+    """``state`` with the inverse mean Hessian as its metric (see
+    :func:`hessian_window_end`), unchanged where the Hessian is not finite."""
+    inverse, sqrt, sqrt_inv, finite = hessian_inverse_mass(potential, points)
+    new = state._replace(
+        inverse_mass_matrix=inverse,
+        mass_matrix_sqrt=sqrt,
+        mass_matrix_sqrt_inv=sqrt_inv,
+    )
+    if find_step_size is not None:
+        key, key_ss = jax.random.split(state.rng_key)
+        step_size = find_step_size(state.step_size, inverse, (x,), key_ss)
+        ss_init, _ = dual_averaging()
+        new = new._replace(
+            step_size=step_size,
+            ss_state=ss_init(jnp.log(10.0) + jnp.log(step_size)),
+            rng_key=key,
+        )
+    return jax.tree.map(lambda a, b: jnp.where(finite, a, b), new, state)

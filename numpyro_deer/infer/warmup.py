@@ -1,0 +1,213 @@
+r"""Warmup: sequential MALA steps under NumPyro's adaptation.
+
+Warmup is not solved by DEER: while the step size and the mass matrix change
+from one step to the next there is no fixed map ``s_t = f_t(s_{t-1})`` to solve
+for. Each warmup draw is one MALA step (:func:`numpyro_deer.core.make_step_fn`)
+followed by NumPyro's ``warmup_adapter`` update: dual averaging of the step
+size toward ``target_accept_prob`` (Hoffman and Gelman, 2014) over the window
+schedule of Stan, and at each window end either NumPyro's own mass matrix (the
+windowed covariance of the draws) or the inverse mean Hessian
+(:func:`numpyro_deer._hessian_mass.hessian_window_end`).
+
+NumPyro's adapter searches a starting step size at each window start with a
+``find_reasonable_step_size`` written for HMC (one leapfrog step);
+:func:`find_reasonable_step_size` is its MALA counterpart.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from functools import partial
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax import Array
+from jax.flatten_util import ravel_pytree
+from numpyro.infer.hmc_util import build_adaptation_schedule, warmup_adapter
+
+from ..core.mala import MALA
+from ..core.metric import mass_matrix_sqrt
+from ..core.transition import Transition, make_step_fn
+from .block import DEERMALAState, record_warmup_draw
+from .hessian_mass import hessian_metric, hessian_window_end, is_hessian_window_end
+
+MAX_STEP_SIZE_SEARCH = 40
+"""Most doublings or halvings of the step size in one search."""
+
+
+def find_reasonable_step_size(
+    potential_flat: Callable[[Array], Array],
+    target: float,
+    step_size: Array,
+    inverse_mass_matrix: Array,
+    z_info: tuple,
+    rng_key: Array,
+    transition: Transition = MALA(),
+) -> Array:
+    r"""Double or halve the step size until one step's acceptance crosses target.
+
+    With ``a(\epsilon)`` the acceptance probability of one MALA step from
+    ``z_info[0]`` on a fixed normal draw: if ``a(step_size) > target`` the step
+    doubles while ``a > target`` and the last step that still passed is
+    returned; otherwise it halves until ``a >= target``. Either way
+    ``a(\epsilon) \ge target \ge a(2 \epsilon)`` unless the search stopped after
+    :data:`MAX_STEP_SIZE_SEARCH` changes. The signature is the one NumPyro's
+    ``warmup_adapter`` calls, with ``potential_flat`` and ``target`` bound;
+    ``transition`` is the taped step (MALA by default) on a one-step tape.
+    """
+    x = z_info[0]
+    tape = transition.make_tape(rng_key, 1, x.shape[0], x.dtype)
+    tape = jax.tree.map(lambda v: v[0], tape)
+    mass_sqrt = mass_matrix_sqrt(inverse_mass_matrix)
+
+    def accept(eps):
+        step_fn = make_step_fn(transition, potential_flat, eps, mass_sqrt)
+        return step_fn(x, tape)[1].accept_prob
+
+    direction = jnp.where(accept(step_size) > target, 1.0, -1.0)
+
+    def keep_going(carry):
+        eps, count = carry
+        return (direction * (accept(eps) - target) > 0) & (count < MAX_STEP_SIZE_SEARCH)
+
+    def body(carry):
+        eps, count = carry
+        return eps * 2.0**direction, count + 1
+
+    eps, _ = jax.lax.while_loop(keep_going, body, (jnp.asarray(step_size), 0))
+    # the last step overshot the target: step back once when growing
+    return jnp.where(direction > 0, eps / 2.0, eps)
+
+
+def build_adapter(
+    potential_flat: Callable[[Array], Array],
+    num_warmup: int,
+    *,
+    mass_adaptation: bool | str,
+    dense_mass: bool,
+    adapt_step_size: bool,
+    target_accept_prob: float,
+    window_end: bool = True,
+    transition: Transition = MALA(),
+) -> tuple[Callable, Callable]:
+    """NumPyro's ``warmup_adapter`` for a transition, with the Hessian mass if asked.
+
+    Returns ``(init, update)``: ``init`` is NumPyro's, and
+    ``update(t, accept_prob, x, adapt_state, curvature_points)`` its update on
+    the flat position ``x``; with ``mass_adaptation == "hessian"`` each window
+    end replaces the inverse mass matrix by the inverse mean Hessian at the
+    curvature points and restarts the step size search in the new metric.
+    ``window_end=False`` leaves that replacement out (chains advanced
+    together do it once for all, see :func:`batched_hessian_window_end`).
+    """
+    hessian = mass_adaptation == "hessian"
+    find_step_size = partial(
+        find_reasonable_step_size,
+        potential_flat,
+        target_accept_prob,
+        transition=transition,
+    )
+    init, update = warmup_adapter(
+        num_warmup,
+        find_reasonable_step_size=find_step_size,
+        adapt_step_size=adapt_step_size,
+        adapt_mass_matrix=bool(mass_adaptation),
+        dense_mass=dense_mass or hessian,
+        target_accept_prob=target_accept_prob,
+    )
+    if not hessian or not window_end:
+        return init, lambda t, accept_prob, x, adapt, points: update(
+            t, accept_prob, (x,), adapt
+        )
+    num_windows = len(build_adaptation_schedule(num_warmup))
+
+    def update_hessian(t, accept_prob, x, adapt, points):
+        return hessian_window_end(
+            adapt,
+            update(t, accept_prob, (x,), adapt),
+            potential_flat,
+            points,
+            x,
+            num_windows,
+            find_step_size if adapt_step_size else None,
+        )
+
+    return init, update_hessian
+
+
+def warmup_step(
+    state: DEERMALAState,
+    potential_flat: Callable[[Array], Array],
+    adapter_update: Callable,
+    num_warmup: int,
+    unravel: Callable,
+    transition: Transition = MALA(),
+) -> DEERMALAState:
+    """One warmup draw: a step in the current metric, then the adaptation.
+
+    The step is ``transition``'s on a one-step tape (:func:`make_step_fn`).
+    The state's key is split into the next key and the step's tape; the draw
+    goes into the curvature points when it is one of them, and
+    ``mean_accept_prob`` is the running mean over the warmup so far.
+    """
+    rng_key, key_tape = jax.random.split(state.rng_key)
+    adapt = state.adapt_state
+    x = ravel_pytree(state.z)[0]
+    tape = transition.make_tape(key_tape, 1, x.shape[0], x.dtype)
+    step_fn = make_step_fn(
+        transition,
+        potential_flat,
+        adapt.step_size,
+        mass_matrix_sqrt(adapt.inverse_mass_matrix),
+    )
+    x, info = step_fn(x, jax.tree.map(lambda v: v[0], tape))
+    i = state.i + 1
+    points = record_warmup_draw(state.curvature_points, i, num_warmup, x)
+    adapt = adapter_update(state.i, info.accept_prob, x, adapt, points)
+    mean = state.mean_accept_prob + (info.accept_prob - state.mean_accept_prob) / i
+    return state._replace(
+        i=i,
+        z=unravel(x),
+        potential_energy=info.potential_energy,
+        accept_prob=info.accept_prob,
+        mean_accept_prob=mean,
+        diverging=info.diverging,
+        adapt_state=adapt,
+        rng_key=rng_key,
+        curvature_points=points,
+    )
+
+
+def batched_hessian_window_end(
+    before: Any,
+    after: Any,
+    potential_flat: Callable[[Array], Array],
+    points: Array,
+    x: Array,
+    num_warmup: int,
+    find_step_size: Callable | None,
+) -> Any:
+    """The Hessian metric at window ends for chains advanced together.
+
+    ``before``/``after`` are the chains' adapt states (leading chain axis)
+    around one warmup update, ``points`` ``(C, K, D)`` and ``x`` ``(C, D)``.
+    The chains share the iteration count, hence the adaptation schedule, so
+    chain 0 decides for all: one :func:`jax.lax.cond` outside ``vmap`` runs
+    the Hessian, its eigendecomposition and the step size search only at a
+    window end. (Under ``vmap`` a ``cond`` on a per-chain flag becomes a
+    select that runs that work at every warmup step.)
+    """
+    num_windows = len(build_adaptation_schedule(num_warmup))
+    first = jax.tree.map(lambda a: a[0], (before, after))
+    metric = jax.vmap(
+        lambda state, p, xx: hessian_metric(
+            state, potential_flat, p, xx, find_step_size
+        )
+    )
+    return jax.lax.cond(
+        is_hessian_window_end(*first, num_windows),
+        lambda a: metric(a, points, x),
+        lambda a: a,
+        after,
+    )
