@@ -17,13 +17,15 @@ from typing import Any, NamedTuple
 
 import _setup  # noqa: F401  (puts the repository root on sys.path)
 import jax  # noqa: E402
+import jax.flatten_util  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 from numpyro.diagnostics import effective_sample_size  # noqa: E402
 from numpyro.infer.hmc_util import dual_averaging  # noqa: E402
+from numpyro.infer.util import initialize_model  # noqa: E402
 
 import numpyro_deer  # noqa: E402
-from numpyro_deer.models import BENCHMARK_MODELS  # noqa: E402
+from benchmarks.models import BENCHMARK_MODELS  # noqa: E402
 
 
 class Target(NamedTuple):
@@ -45,8 +47,14 @@ def warmed_up(name: str, num_warmup: int = 1000, seed: int = 0) -> Target:
     )
     mcmc.warmup(jax.random.PRNGKey(seed), *args, **kwargs)
     state = mcmc.post_warmup_state
-    potential_flat = kernel._potential_flat(args, kwargs)
-    x0 = jax.flatten_util.ravel_pytree(state.z)[0]
+    _, potential_fn, _, _ = initialize_model(
+        jax.random.PRNGKey(seed), bench.model, model_args=args, model_kwargs=kwargs
+    )
+    x0, unravel = jax.flatten_util.ravel_pytree(state.z)
+
+    def potential_flat(x):
+        return potential_fn(unravel(x))
+
     inv_mass = state.adapt_state.inverse_mass_matrix
     if inv_mass.ndim == 1:
         inv_mass = jnp.diag(inv_mass)

@@ -1,6 +1,6 @@
 r"""A block of HMC transitions by DEER: per transition, or per leapfrog step.
 
-*Per transition* (the package's :mod:`numpyro_deer._hmc`): the state is the
+*Per transition* (the package's :class:`numpyro_deer.core.HMC`): the state is the
 position ``x``, one step of the recursion is a whole transition (``L``
 leapfrog steps and the accept test), a block of ``T`` transitions is a
 recursion of ``T`` steps in ``D`` dimensions.
@@ -35,8 +35,8 @@ import jax
 import jax.numpy as jnp
 
 import numpyro_deer
-from numpyro_deer import _hmc
-from numpyro_deer._mala import HardGate, StepInfo, _gated_select
+from numpyro_deer import core
+from numpyro_deer.core import HardGate, StepInfo, gated_select
 
 HARD = HardGate()
 
@@ -48,7 +48,7 @@ class SubstepTape(NamedTuple):
     k: jax.Array  # position of the leapfrog step in its transition, 0 .. L-1
 
 
-def substep_tape(tape: _hmc.HMCTape, num_leapfrog: int) -> SubstepTape:
+def substep_tape(tape: core.HMCTape, num_leapfrog: int) -> SubstepTape:
     repeat = jax.tree.map(lambda a: jnp.repeat(a, num_leapfrog, axis=0), tape)
     num = tape.log_u.shape[0]
     return SubstepTape(*repeat, jnp.tile(jnp.arange(num_leapfrog), num))
@@ -77,7 +77,7 @@ def make_substep_fn(potential_fn, step_size, num_leapfrog, gate=HARD):
         diverging = ~jnp.isfinite(log_ratio)
         log_ratio = jnp.where(diverging, -jnp.inf, log_ratio)
         margin = log_ratio - tape_j.log_u
-        x_new = jnp.where(last, _gated_select(gate, margin, y, x_start), y)
+        x_new = jnp.where(last, gated_select(gate, margin, y, x_start), y)
         accepted = last & (margin > 0)
         info = StepInfo(
             jnp.where(
@@ -93,9 +93,7 @@ def make_substep_fn(potential_fn, step_size, num_leapfrog, gate=HARD):
 
 
 def _solver(strategy, cap):
-    return numpyro_deer.DEERSolver(
-        strategy, sweep=8, sweep_after=20, max_iter=cap, max_solves=1
-    )
+    return numpyro_deer.DEERSolver(strategy, max_iter=cap, max_solves=1)
 
 
 STRATEGIES = {
@@ -110,12 +108,10 @@ def run_model(name, args):
     dim = target.dim
     rows = []
     for num_leapfrog in args.num_leapfrog:
-
-        def tape_fn(key, n, d, dtype=None, lf=num_leapfrog):
-            return _hmc.make_tape(key, n, d, dtype, jitter=args.jitter)
-
+        hmc = core.HMC(num_leapfrog, args.jitter)
+        tape_fn = hmc.make_tape
         eps = _hmc_setup.tune_step_size(
-            lambda e, lf=num_leapfrog: _hmc.make_step_fn(target.potential, e, lf),
+            lambda e, hmc=hmc: core.make_step_fn(hmc, target.potential, e),
             tape_fn,
             target.u0,
             math.sqrt(2 * target.mala_step_size),
@@ -126,8 +122,8 @@ def run_model(name, args):
         key_tape, key_probe = jax.random.split(jax.random.PRNGKey(args.seed))
         tape = tape_fn(key_tape, args.block, dim, target.u0.dtype)
         reference, _ = jax.jit(
-            lambda u0, tape, eps=eps, lf=num_leapfrog: _hmc.sequential_chain(
-                target.potential, u0, tape, eps, lf
+            lambda u0, tape, eps=eps, hmc=hmc: core.sequential_chain(
+                hmc, target.potential, u0, tape, eps
             )
         )(target.u0, tape)
         for strategy_name in args.strategies:
@@ -143,8 +139,8 @@ def run_model(name, args):
                 cap = args.cap * (num_leapfrog if formulation == "leapfrog" else 1)
                 solver = _solver(STRATEGIES[strategy_name](), cap)
                 if formulation == "transition":
-                    step_fn = _hmc.make_step_fn(target.potential, eps, num_leapfrog)
-                    seq = _hmc.make_sequential_step(target.potential, eps, num_leapfrog)
+                    step_fn = core.make_step_fn(hmc, target.potential, eps)
+                    seq = core.make_sequential_step(hmc, target.potential, eps)
                     s0, tp = target.u0, tape
                 else:
                     step_fn = make_substep_fn(target.potential, eps, num_leapfrog)
@@ -155,7 +151,7 @@ def run_model(name, args):
 
                 @jax.jit
                 def solve(s0, tp, key, step_fn=step_fn, solver=solver, seq=seq):
-                    states, _, info = numpyro_deer.deer_solve(
+                    states, _, info = core.deer_solve(
                         step_fn, s0, tp, key, solver, None, seq
                     )
                     return states, info
@@ -239,7 +235,10 @@ def main():
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
-        "--out", default=str(common.default_json_path("hmc_formulations"))
+        "--out",
+        "--json",
+        dest="out",
+        default=str(common.default_json_path("hmc_formulations")),
     )
     args = parser.parse_args()
     rows = []

@@ -32,36 +32,22 @@ import common
 import jax
 
 import numpyro_deer
-from numpyro_deer import _hmc
+from numpyro_deer import core
 
 
 def _solver():
-    return numpyro_deer.DEERSolver(
-        numpyro_deer.StochasticDiagonalJacobian(), sweep=8, sweep_after=20
-    )
+    return numpyro_deer.DEERSolver()  # the kernel's default solve
 
 
 def _transition(kind, num_leapfrog, jitter):
     """``(make_tape, make_step(potential, eps), chain(potential, u0, tape, eps),
     sequential(potential, eps))`` of MALA or HMC(L)."""
-    if kind == "mala":
-        return (
-            numpyro_deer.make_tape,
-            lambda pot, eps: numpyro_deer.make_step_fn(pot, eps),
-            lambda pot, u0, tape, eps: numpyro_deer.sequential_chain(
-                pot, u0, tape, eps
-            ),
-            lambda pot, eps: numpyro_deer.make_sequential_step(pot, eps),
-        )
-
-    def tape(key, n, d, dtype=None):
-        return _hmc.make_tape(key, n, d, dtype, jitter=jitter)
-
+    t = core.MALA() if kind == "mala" else core.HMC(num_leapfrog, jitter)
     return (
-        tape,
-        lambda pot, eps: _hmc.make_step_fn(pot, eps, num_leapfrog),
-        lambda pot, u0, tp, eps: _hmc.sequential_chain(pot, u0, tp, eps, num_leapfrog),
-        lambda pot, eps: _hmc.make_sequential_step(pot, eps, num_leapfrog),
+        t.make_tape,
+        lambda pot, eps: core.make_step_fn(t, pot, eps),
+        lambda pot, u0, tape, eps: core.sequential_chain(t, pot, u0, tape, eps),
+        lambda pot, eps: core.make_sequential_step(t, pot, eps),
     )
 
 
@@ -86,7 +72,7 @@ def measure(target, kind, num_leapfrog, eps, jitter, args, key):
     def solve(u0, k, eps):
         k_tape, k_probe = jax.random.split(k)
         tape = make_tape(k_tape, args.block, u0.shape[0], u0.dtype)
-        states, _, info = numpyro_deer.deer_solve(
+        states, _, info = core.deer_solve(
             make_step(pot, eps), u0, tape, k_probe, _solver(), None, seq(pot, eps)
         )
         return states[-1], info
@@ -200,7 +186,12 @@ def main():
         "--blocks", type=int, default=2, help="DEER blocks per row (0: ESS only)"
     )
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", default=str(common.default_json_path("hmc_tuning")))
+    parser.add_argument(
+        "--out",
+        "--json",
+        dest="out",
+        default=str(common.default_json_path("hmc_tuning")),
+    )
     args = parser.parse_args()
     args.json = args.out
     rows = common.rows_per_model(run_model, args)

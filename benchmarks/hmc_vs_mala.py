@@ -58,7 +58,7 @@ def child(spec: dict) -> dict:
     import numpyro.infer
 
     import numpyro_deer
-    from numpyro_deer.models import BENCHMARK_MODELS
+    from benchmarks.models import BENCHMARK_MODELS
 
     bench = BENCHMARK_MODELS[spec["model"]]
     args, kwargs = bench.make_data()
@@ -69,7 +69,7 @@ def child(spec: dict) -> dict:
         kernel = numpyro.infer.NUTS(bench.model)
         driver = numpyro.infer.MCMC
     else:
-        options = {"block_size": spec["block_size"]}
+        options = {"block_size": spec["block_size"], **spec.get("options", {})}
         if method == "deer_mala":
             kernel = numpyro_deer.DEERMALA(bench.model, **options)
         else:
@@ -148,7 +148,7 @@ def main():
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--timeout", type=float, default=3600)
     parser.add_argument("--child", help=argparse.SUPPRESS)
-    parser.add_argument("--out", default=None)
+    parser.add_argument("--out", "--json", dest="out", default=None)
     ns = parser.parse_args()
     if ns.child:
         print(json.dumps(child(json.loads(ns.child))))

@@ -16,7 +16,9 @@ import numpy as np
 import pytest
 from numpy.testing import assert_allclose
 
-from numpyro_deer import (
+from numpyro_deer.core import (
+    HMC,
+    MALA,
     DEERSolver,
     DiagonalJacobian,
     FullJacobian,
@@ -24,21 +26,18 @@ from numpyro_deer import (
     SigmoidGate,
     StochasticDiagonalJacobian,
     deer_solve,
-)
-from numpyro_deer import make_step_fn as mala_step_fn
-from numpyro_deer import make_tape as mala_tape
-from numpyro_deer._hmc import (
     finish_chain,
     leapfrog,
+    make_hmc_tape,
     make_sequential_step,
     make_step_fn,
-    make_tape,
     sequential_chain,
 )
 
 D = 3
 STEP_SIZE = 0.9
 NUM_LEAPFROG = 4
+HMC_JITTERED = HMC(num_steps=NUM_LEAPFROG, jitter=0.1)
 
 _rng = np.random.default_rng(11)
 _G = _rng.standard_normal((D, D))
@@ -62,15 +61,15 @@ MASSES = {
 # ------------------------------------------------------------------ the algebra
 @pytest.mark.parametrize("mass", sorted(MASSES))
 def test_one_leapfrog_step_is_mala_with_half_the_squared_step(mass):
-    tape = mala_tape(jax.random.PRNGKey(0), 32, D, jnp.float64)
-    hmc_tape = make_tape(jax.random.PRNGKey(0), 32, D, jnp.float64)._replace(
+    tape = MALA().make_tape(jax.random.PRNGKey(0), 32, D, jnp.float64)
+    hmc_tape = make_hmc_tape(jax.random.PRNGKey(0), 32, D, jnp.float64)._replace(
         noise=tape.noise, log_u=tape.log_u
     )
     xs = MU + jax.random.normal(jax.random.PRNGKey(1), (32, D), jnp.float64)
     m = MASSES[mass]
     eps = 1.2  # large, so that some proposals are rejected
-    hmc = jax.vmap(make_step_fn(potential, eps, 1, m))(xs, hmc_tape)
-    mala = jax.vmap(mala_step_fn(potential, eps**2 / 2, m))(xs, tape)
+    hmc = jax.vmap(make_step_fn(HMC(num_steps=1), potential, eps, m))(xs, hmc_tape)
+    mala = jax.vmap(make_step_fn(MALA(), potential, eps**2 / 2, m))(xs, tape)
     assert_allclose(hmc[0], mala[0], rtol=0, atol=1e-12)
     assert_allclose(hmc[1].accept_prob, mala[1].accept_prob, rtol=1e-9, atol=1e-12)
     assert 0 < int(jnp.sum(hmc[1].accepted)) < 32  # both branches are exercised
@@ -100,14 +99,16 @@ def test_leapfrog_is_reversible_and_its_energy_error_is_second_order():
 
 
 def test_tape_jitter_range_and_error():
-    tape = make_tape(jax.random.PRNGKey(0), 500, D, jnp.float64, jitter=0.2)
+    tape = HMC(jitter=0.2).make_tape(jax.random.PRNGKey(0), 500, D, jnp.float64)
     assert tape.noise.shape == (500, D) and tape.log_u.shape == (500,)
     assert 0.8 <= float(tape.step_scale.min()) < 0.82
     assert 1.18 < float(tape.step_scale.max()) <= 1.2
-    plain = make_tape(jax.random.PRNGKey(0), 5, D, jnp.float64)
+    plain = HMC().make_tape(jax.random.PRNGKey(0), 5, D, jnp.float64)
     assert np.all(np.asarray(plain.step_scale) == 1.0)
-    with pytest.raises(ValueError, match=r"jitter=1\.0: the step size jitter"):
-        make_tape(jax.random.PRNGKey(0), 5, D, jnp.float64, jitter=1.0)
+    with pytest.raises(ValueError, match=r"HMC\(jitter=1\.0\): the step size jitter"):
+        HMC(jitter=1.0)
+    with pytest.raises(ValueError, match=r"HMC\(num_steps=0\): use an integer"):
+        HMC(num_steps=0)
 
 
 @pytest.mark.parametrize("gate", [HardGate(), SigmoidGate()])
@@ -116,11 +117,11 @@ def test_nonfinite_trajectory_is_a_diverging_rejection(gate):
         return jnp.where(x[0] < 2.0, potential(x), jnp.nan)
 
     x = jnp.asarray([1.9, 0.0, 0.0])
-    tape = make_tape(jax.random.PRNGKey(0), 1, D, jnp.float64)
+    tape = make_hmc_tape(jax.random.PRNGKey(0), 1, D, jnp.float64)
     tape_t = jax.tree.map(lambda a: a[0], tape)._replace(
         noise=jnp.asarray([5.0, 0.0, 0.0]), log_u=jnp.asarray(-50.0)
     )
-    step = make_step_fn(cliff, STEP_SIZE, NUM_LEAPFROG, None, gate)
+    step = make_step_fn(HMC(NUM_LEAPFROG), cliff, STEP_SIZE, None, gate)
     (x_new, info), (dx, _) = jax.jvp(lambda s: step(s, tape_t), (x,), (jnp.ones(D),))
     assert bool(info.diverging) and not bool(info.accepted)
     assert float(info.accept_prob) == 0.0
@@ -132,10 +133,10 @@ def test_nonfinite_trajectory_is_a_diverging_rejection(gate):
 @functools.cache
 def _chain_setup(num_steps=64):
     x0 = jnp.asarray([1.5, -1.0, 0.5])
-    tape = make_tape(jax.random.PRNGKey(5), num_steps, D, jnp.float64, jitter=0.1)
+    tape = HMC_JITTERED.make_tape(jax.random.PRNGKey(5), num_steps, D, jnp.float64)
     states, infos = jax.jit(
         lambda x0, tape: sequential_chain(
-            potential, x0, tape, STEP_SIZE, NUM_LEAPFROG, MASSES["diagonal"]
+            HMC_JITTERED, potential, x0, tape, STEP_SIZE, MASSES["diagonal"]
         )
     )(x0, tape)
     return x0, tape, states, infos
@@ -160,10 +161,9 @@ GATES = {"hard": HardGate(), "sigmoid": SigmoidGate()}
 def test_deer_block_equals_sequential(strategy_name, gate_name):
     x0, tape, states, infos = _chain_setup()
     m = MASSES["diagonal"]
-    step_fn = make_step_fn(potential, STEP_SIZE, NUM_LEAPFROG, m, GATES[gate_name])
-    sequential = make_sequential_step(
-        potential, STEP_SIZE, NUM_LEAPFROG, m, GATES[gate_name]
-    )
+    gate = GATES[gate_name]
+    step_fn = make_step_fn(HMC_JITTERED, potential, STEP_SIZE, m, gate)
+    sequential = make_sequential_step(HMC_JITTERED, potential, STEP_SIZE, m, gate)
     # tolerances well below the 1e-8 the test asserts
     solver = DEERSolver(
         STRATEGIES[strategy_name], atol=1e-11, rtol=1e-10, max_iter=64, sweep=4
@@ -186,11 +186,11 @@ def test_finish_chain_keeps_the_head_and_completes_the_chain(start):
     garbage = jnp.full_like(states, 7.0)
     head = jnp.where(jnp.arange(64)[:, None] < start, states, garbage)
     got, got_infos = finish_chain(
+        HMC_JITTERED,
         potential,
         x0,
         tape,
         STEP_SIZE,
-        NUM_LEAPFROG,
         head,
         infos,
         start,
@@ -214,8 +214,9 @@ def test_stationary_moments_of_a_correlated_gaussian():
     def gauss(x):
         return 0.5 * (x - mu) @ prec @ (x - mu)
 
-    tape = make_tape(jax.random.PRNGKey(42), 20_000, 2, jnp.float64, jitter=0.2)
-    states, infos = jax.jit(lambda tape: sequential_chain(gauss, mu, tape, 0.3, 5))(
+    hmc = HMC(num_steps=5, jitter=0.2)
+    tape = hmc.make_tape(jax.random.PRNGKey(42), 20_000, 2, jnp.float64)
+    states, infos = jax.jit(lambda tape: sequential_chain(hmc, gauss, mu, tape, 0.3))(
         tape
     )
     states = np.asarray(states)
