@@ -22,6 +22,7 @@ __version__ = "0.1.0.dev0"
 _NUMPYRO_LAYER = {
     "DEERConvergenceError": ".infer.convergence",
     "DEERConvergenceWarning": ".infer.convergence",
+    "DEERHMC": ".infer.hmc",
     "DEERMALA": ".infer.mala",
     "MCMC": ".infer.driver",
     "UnsupportedModelError": ".infer.checks",
@@ -32,6 +33,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from .infer.checks import UnsupportedModelError, check_model
     from .infer.convergence import DEERConvergenceError, DEERConvergenceWarning
     from .infer.driver import MCMC
+    from .infer.hmc import DEERHMC
     from .infer.mala import DEERMALA
 
 
@@ -67,6 +69,7 @@ def __dir__():
 __all__ = [
     "DEERConvergenceError",
     "DEERConvergenceWarning",
+    "DEERHMC",
     "DEERMALA",
     "DEERSolver",
     "DiagonalJacobian",

@@ -108,11 +108,62 @@ CASES = {
         "--layouts",
         "1:sequential",
     ],
+    "hmc_tuning.py": [
+        *TINY_MODEL,
+        "--num-leapfrog",
+        "2",
+        "--targets",
+        "0.8",
+        "--trajectory",
+        "0",
+        "--tune",
+        "10",
+        "--draws",
+        "20",
+        "--chains",
+        "1",
+        "--block",
+        "16",
+        "--blocks",
+        "1",
+    ],
+    "hmc_formulations.py": [
+        *TINY_MODEL,
+        "--num-leapfrog",
+        "2",
+        "--strategies",
+        "stochastic",
+        "--tune",
+        "10",
+        "--block",
+        "16",
+        "--cap",
+        "50",
+    ],
+    "hmc_vs_mala.py": [
+        "--models",
+        "eight_schools",
+        "--methods",
+        "deer_hmc",
+        "--num-warmup",
+        "20",
+        "--num-samples",
+        "32",
+        "--block-size",
+        "16",
+    ],
 }
 # scripts that write a folder of JSON files (``--out DIR``) instead of one file
 WRITES_FOLDER = {"make_references.py"}
 # scripts that are not benchmarks run on their own
-HELPERS = {"_setup.py", "common.py", "models.py", "plot.py", "__init__.py"}
+HELPERS = {
+    "_setup.py",
+    "_hmc_setup.py",
+    "common.py",
+    "models.py",
+    "plot.py",
+    "__init__.py",
+}
 # the race and its modules: tests/test_race_smoke.py runs them;
 # end_to_end.py: tests/test_benchmarks_e2e_smoke.py
 TESTED_ELSEWHERE = {"race.py", "race_samplers.py", "gym_models.py", "end_to_end.py"}

@@ -1,6 +1,6 @@
 """The pure-JAX core of numpyro_deer: taped transitions solved by parallel Newton.
 
-Nothing here imports NumPyro. A :class:`Transition` (:class:`MALA` first) is a
+Nothing here imports NumPyro. A :class:`Transition` (:class:`MALA`, :class:`HMC`) is a
 taped Markov step ``s_t = f_t(s_{t-1})`` on flat arrays; :func:`deer_solve`
 finds a whole block of such steps with parallel Newton iterations whose linear
 step is an associative scan, and :func:`sequential_chain` computes the same
@@ -18,6 +18,7 @@ chain one step after the other. Example::
 from .certificate import leading_passed, step_passes
 from .gates import Gate, HardGate, SigmoidGate, gated_select
 from .hessian import curvature_basis, mean_hessian, mean_hessian_eigh
+from .hmc import HMC, HMCTape, hmc_proposal_step, leapfrog, make_hmc_tape
 from .jacobian import (
     DiagonalJacobian,
     FullJacobian,
@@ -26,7 +27,14 @@ from .jacobian import (
     StochasticDiagonalJacobian,
 )
 from .mala import MALA, MALATape, make_tape, mala_proposal_step
-from .metric import mass_matrix_sqrt, mul_mass, mul_sqrt, solve_sqrt, whiten
+from .metric import (
+    mass_matrix_sqrt,
+    mul_mass,
+    mul_sqrt,
+    mul_sqrt_t,
+    solve_sqrt,
+    whiten,
+)
 from .newton import RESULTS, DEERSolver, NewtonInfo, deer_solve, newton_iterates
 from .scan import scan_dense, scan_diagonal, scan_sequential
 from .sharded import sharded_deer_solve, time_mesh
@@ -44,6 +52,8 @@ from .transition import (
 )
 
 __all__ = [
+    "HMC",
+    "HMCTape",
     "MALA",
     "RESULTS",
     "DEERSolver",
@@ -66,7 +76,10 @@ __all__ = [
     "deer_solve",
     "finish_chain",
     "gated_select",
+    "hmc_proposal_step",
     "leading_passed",
+    "leapfrog",
+    "make_hmc_tape",
     "make_sequential_step",
     "make_step_fn",
     "make_tape",
@@ -76,6 +89,7 @@ __all__ = [
     "mean_hessian_eigh",
     "mul_mass",
     "mul_sqrt",
+    "mul_sqrt_t",
     "newton_iterates",
     "plain_sequential_step",
     "scan_dense",

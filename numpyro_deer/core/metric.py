@@ -31,6 +31,13 @@ def mul_sqrt(mass_sqrt: Array | None, v: Array) -> Array:
     return mass_sqrt * v if mass_sqrt.ndim == 1 else mass_sqrt @ v
 
 
+def mul_sqrt_t(mass_sqrt: Array | None, v: Array) -> Array:
+    """``L^T v``."""
+    if mass_sqrt is None:
+        return v
+    return mass_sqrt * v if mass_sqrt.ndim == 1 else mass_sqrt.T @ v
+
+
 def mul_mass(mass_sqrt: Array | None, v: Array) -> Array:
     """``M v = L L^T v``."""
     if mass_sqrt is None:

@@ -1,0 +1,195 @@
+r"""HMC as a taped transition: ``L`` leapfrog steps and a Metropolis test.
+
+The tape of ``T`` HMC transitions is a standard normal momentum ``xi_t``, a
+uniform ``u_t`` and a step size factor ``c_t`` per transition (one key per
+transition; ``c_t = 1`` without jitter). One transition with ``L`` leapfrog
+steps (Duane et al., 1987; Neal, 2011, section 5.3.3) is then a deterministic
+map ``s_t = f_t(s_{t-1})``, which the Newton solver linearises as it does a
+MALA step (Zoltowski et al., 2025, section 3).
+
+With the inverse mass matrix ``M = L L^T`` given through ``L`` (diagonal
+``(D,)`` or dense lower-triangular ``(D, D)``) and the whitened momentum
+``r = L^T p ~ N(0, I)``, the kinetic energy is ``|r|^2 / 2`` and one leapfrog
+step of size ``eps_t = c_t eps`` is
+
+.. math::
+
+    r \leftarrow r - \tfrac{\epsilon_t}{2} L^T \nabla U(x), \qquad
+    x \leftarrow x + \epsilon_t L r, \qquad
+    r \leftarrow r - \tfrac{\epsilon_t}{2} L^T \nabla U(x).
+
+From ``(x, r_0 = xi_t)`` the ``L`` steps give ``(y, r_L)``, and
+
+.. math::
+
+    \log a = U(x) + \tfrac12 |r_0|^2 - U(y) - \tfrac12 |r_L|^2, \qquad
+    f_t(x) = y \text{ if } \log u_t < \log a \text{ else } x.
+
+The gradient at the end of a leapfrog step is the next one's, so a transition
+from a carried ``(x, U(x), grad U(x))`` costs ``L`` gradients. With ``L = 1``
+the transition is MALA with step size ``eps^2 / 2``. A proposal whose energy
+is not finite is rejected and flagged as ``diverging``; the selection goes
+through :func:`~numpyro_deer.core.gates.gated_select`, as MALA's does.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+from jax import Array
+
+from .gates import Gate, HardGate, gated_select
+from .metric import mul_sqrt, mul_sqrt_t
+from .transition import Carry, PotentialFn, StepInfo
+
+
+class HMCTape(NamedTuple):
+    """Pre-drawn randomness of ``T`` HMC transitions.
+
+    Attributes:
+        noise: the whitened momentum ``xi`` at the start of each transition,
+            shape ``(T, D)``.
+        log_u: log of the uniform accept variable, shape ``(T,)``.
+        step_scale: the factor ``c_t`` of the step size, shape ``(T,)``; all
+            ones without jitter.
+    """
+
+    noise: Array
+    log_u: Array
+    step_scale: Array
+
+
+def make_hmc_tape(
+    rng_key: Array, num_steps: int, dim: int, dtype=None, jitter: float = 0.0
+) -> HMCTape:
+    """Draw the tape of ``num_steps`` transitions: one key per transition.
+
+    ``jitter = j`` draws each transition's step size factor uniformly from
+    ``[1 - j, 1 + j]`` (Neal, 2011, section 5.4.2.2).
+    """
+    dtype = jnp.result_type(float) if dtype is None else dtype
+
+    def one(key):
+        k_noise, k_u, k_scale = jax.random.split(key, 3)
+        noise = jax.random.normal(k_noise, (dim,), dtype)
+        log_u = jnp.log(jax.random.uniform(k_u, (), dtype))
+        scale = 1.0 + jitter * jax.random.uniform(k_scale, (), dtype, -1.0, 1.0)
+        return noise, log_u, scale
+
+    return HMCTape(*jax.vmap(one)(jax.random.split(rng_key, num_steps)))
+
+
+def leapfrog(
+    potential_fn: PotentialFn,
+    x: Array,
+    grad_x: Array,
+    momentum: Array,
+    step_size: Array,
+    num_steps: int,
+    mass_sqrt: Array | None = None,
+) -> tuple[Array, Array, Array, Array]:
+    """``num_steps`` leapfrog steps from ``(x, r)`` with ``grad U(x)`` known.
+
+    Returns:
+        ``(y, U(y), grad U(y), r_L)``; one gradient evaluation per step.
+    """
+
+    def body(_, carry):
+        x, _, grad, r = carry
+        r = r - 0.5 * step_size * mul_sqrt_t(mass_sqrt, grad)
+        x = x + step_size * mul_sqrt(mass_sqrt, r)
+        potential, grad = jax.value_and_grad(potential_fn)(x)
+        r = r - 0.5 * step_size * mul_sqrt_t(mass_sqrt, grad)
+        return x, potential, grad, r
+
+    potential0 = jnp.zeros((), x.dtype)
+    return jax.lax.fori_loop(0, num_steps, body, (x, potential0, grad_x, momentum))
+
+
+def hmc_proposal_step(
+    potential_fn: PotentialFn,
+    x: Array,
+    potential_x: Array,
+    grad_x: Array,
+    tape_t: HMCTape,
+    step_size: Array,
+    num_steps: int,
+    mass_sqrt: Array | None = None,
+    gate: Gate = HardGate(),
+) -> tuple[Array, Array, Array, StepInfo]:
+    """One HMC transition from ``x`` whose potential and gradient are known.
+
+    Returns:
+        ``(x_new, potential_new, grad_new, info)``.
+    """
+    eps = step_size * tape_t.step_scale
+    y, potential_y, grad_y, r_end = leapfrog(
+        potential_fn, x, grad_x, tape_t.noise, eps, num_steps, mass_sqrt
+    )
+    log_ratio = (
+        potential_x
+        - potential_y
+        + 0.5 * jnp.sum(tape_t.noise**2)
+        - 0.5 * jnp.sum(r_end**2)
+    )
+    diverging = ~(jnp.isfinite(log_ratio) & jnp.isfinite(potential_y))
+    log_ratio = jnp.where(diverging, -jnp.inf, log_ratio)
+    margin = log_ratio - tape_t.log_u
+    x_new = gated_select(gate, margin, y, x)
+    accepted = margin > 0
+    potential_new = jnp.where(accepted, potential_y, potential_x)
+    grad_new = jnp.where(accepted, grad_y, grad_x)
+    accept_prob = jnp.exp(jnp.minimum(log_ratio, 0.0))
+    return (
+        x_new,
+        potential_new,
+        grad_new,
+        StepInfo(potential_new, accept_prob, accepted, diverging),
+    )
+
+
+@dataclass(frozen=True)
+class HMC:
+    """Hamiltonian Monte Carlo with ``num_steps`` leapfrog steps, a :class:`Transition`.
+
+    Attributes:
+        num_steps: leapfrog steps per transition (``L``): ``L`` gradients
+            per transition in a sequential loop, ``L + 1`` in the step the
+            Newton solver linearises.
+        jitter: each transition's step size is ``eps`` times a factor drawn
+            uniformly from ``[1 - jitter, 1 + jitter]`` (taped).
+    """
+
+    num_steps: int = 4
+    jitter: float = 0.0
+
+    def __post_init__(self):
+        if not (isinstance(self.num_steps, int) and self.num_steps >= 1):
+            raise ValueError(f"HMC(num_steps={self.num_steps!r}): use an integer >= 1.")
+        if not (isinstance(self.jitter, int | float) and 0 <= self.jitter < 1):
+            raise ValueError(
+                f"HMC(jitter={self.jitter!r}): the step size jitter must be in [0, 1)."
+            )
+
+    def make_tape(self, key: Array, num_steps: int, dim: int, dtype=None) -> HMCTape:
+        return make_hmc_tape(key, num_steps, dim, dtype, self.jitter)
+
+    def step(
+        self,
+        potential_fn: PotentialFn,
+        step_size: Array,
+        carry: Carry,
+        tape_t: HMCTape,
+        mass_sqrt: Array | None = None,
+        gate: Gate = HardGate(),
+    ) -> tuple[Carry, StepInfo]:
+        x, potential_x, grad_x, info = hmc_proposal_step(
+            potential_fn, *carry, tape_t, step_size, self.num_steps, mass_sqrt, gate
+        )
+        return (x, potential_x, grad_x), info
+
+    def rotate_tape(self, tape: HMCTape, basis: Array) -> HMCTape:
+        return tape._replace(noise=tape.noise @ basis)

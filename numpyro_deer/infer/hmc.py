@@ -1,0 +1,119 @@
+"""``DEERHMC``: HMC as a NumPyro kernel whose blocks DEER solves."""
+
+from __future__ import annotations
+
+import numbers
+from collections.abc import Callable
+
+from numpyro.infer.initialization import init_to_uniform
+
+from ..core.hmc import HMC
+from ..core.newton import DEERSolver
+from .kernel import _DEERKernel
+
+
+class DEERHMC(_DEERKernel):
+    r"""Hamiltonian Monte Carlo, parallel across the chain length.
+
+    Each transition draws a momentum, takes ``num_steps`` leapfrog steps
+    (Duane et al., 1987; Neal, 2011) and accepts the end point with
+    probability :math:`\min(1, e^{H(x, p) - H(y, p')})`. With the momentum,
+    the uniform and the step size jitter drawn first (the tape), a transition
+    is a deterministic map of the state, and ``DEERHMC`` computes blocks of
+    ``block_size`` transitions by the same parallel Newton solve as
+    :class:`~numpyro_deer.DEERMALA` (Zoltowski et al., 2025): the result is the
+    chain a sequential HMC would produce from the same randomness, up to the
+    solver tolerance. Everything but the transition is ``DEERMALA``'s: the
+    driver, chains, warmup with NumPyro's adapter (one HMC transition per
+    warmup draw), the Hessian mass matrix, the solver settings, extra fields
+    and the failure policy.
+
+    A transition costs ``num_steps`` gradients where a MALA step costs one,
+    and each Newton iteration evaluates the transition and its derivative at
+    every step of the block, so an iteration costs about ``num_steps + 1``
+    times a ``DEERMALA`` iteration. In exchange a transition moves much
+    further: on three benchmark models ``num_steps=4`` gave 7 to 43 times the
+    effective sample size per draw of ``DEERMALA`` at about the same number
+    of Newton iterations per block (see the HMC page of the docs).
+
+    Args:
+        model: a NumPyro model with continuous latent sites.
+        potential_fn: instead of a model, a potential energy on a pytree of
+            unconstrained values; ``init_params`` must then be given to
+            ``MCMC.run``.
+        num_steps: leapfrog steps per transition (``L``). ``4`` (the default)
+            is a trajectory of about ``pi / 2`` in the metric of the Hessian
+            mass matrix at the step size of the default target acceptance,
+            a quarter period of a unit-curvature direction; longer
+            trajectories cost more Newton iterations per block and more
+            gradients per iteration.
+        jitter: each transition's step size is the adapted one times a factor
+            drawn uniformly from ``[1 - jitter, 1 + jitter]`` (on the tape),
+            which breaks the periodicity of a fixed trajectory length.
+        step_size: initial step size (adapted in warmup when
+            ``adapt_step_size``).
+        target_accept_prob: acceptance rate the step size is adapted to in
+            warmup (dual averaging). ``0.8`` by default.
+        **others: ``adapt_step_size``, ``adapt_mass_matrix``, ``dense_mass``,
+            ``init_strategy``, ``block_size``, ``method``, ``solver``,
+            ``on_failure`` and ``validate_model`` are those of
+            :class:`~numpyro_deer.DEERMALA`.
+    """
+
+    def __init__(
+        self,
+        model: Callable | None = None,
+        potential_fn: Callable | None = None,
+        *,
+        num_steps: int = 4,
+        jitter: float = 0.2,
+        step_size: float = 1.0,
+        adapt_step_size: bool = True,
+        adapt_mass_matrix: bool | str = "auto",
+        dense_mass: bool = False,
+        target_accept_prob: float = 0.8,
+        init_strategy: Callable = init_to_uniform,
+        block_size: int = 4096,
+        method: str = "deer",
+        solver: DEERSolver = DEERSolver(),
+        on_failure: str = "sequential",
+        validate_model: bool = True,
+    ):
+        if not (
+            isinstance(num_steps, numbers.Integral)
+            and not isinstance(num_steps, bool)
+            and num_steps >= 1
+        ):
+            raise ValueError(
+                f"num_steps={num_steps!r}: use an integer >= 1 (leapfrog steps "
+                "per transition)."
+            )
+        if not (
+            isinstance(jitter, numbers.Real)
+            and not isinstance(jitter, bool)
+            and 0 <= jitter < 1
+        ):
+            raise ValueError(
+                f"jitter={jitter!r}: use a number in [0, 1) (0: no step size jitter)."
+            )
+        super().__init__(
+            HMC(num_steps=int(num_steps), jitter=float(jitter)),
+            model,
+            potential_fn,
+            step_size=step_size,
+            adapt_step_size=adapt_step_size,
+            adapt_mass_matrix=adapt_mass_matrix,
+            dense_mass=dense_mass,
+            target_accept_prob=target_accept_prob,
+            init_strategy=init_strategy,
+            block_size=block_size,
+            method=method,
+            solver=solver,
+            on_failure=on_failure,
+            validate_model=validate_model,
+        )
+
+    @property
+    def num_steps(self) -> int:
+        """Leapfrog steps per transition."""
+        return self._transition.num_steps

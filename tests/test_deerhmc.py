@@ -1,0 +1,90 @@
+"""DEERHMC through the drivers: the same chain as its sequential method, the
+closed-form posterior, the chain methods, and its own arguments.
+
+Everything else (warmup, mass matrix, extra fields, failure policy) is the
+base kernel's, tested with DEERMALA; these tests check that the HMC transition
+goes through all of it. Tiny sizes, float64 (conftest).
+"""
+
+import jax
+import numpy as np
+import pytest
+from numpyro.infer import MCMC as StockMCMC
+
+from benchmarks.models import gaussian_mean_model, gaussian_mean_posterior
+from numpyro_deer import DEERHMC, MCMC, DEERSolver
+from numpyro_deer.core import HMC
+
+from .helpers import gaussian_data
+
+
+def test_deer_and_sequential_methods_give_the_same_chain():
+    args, kwargs = gaussian_data(0.5)
+    draws = []
+    for method, jacobian in (
+        ("sequential", "stochastic"),
+        ("deer", "stochastic"),
+        ("deer", "full"),
+    ):
+        solver = DEERSolver(jacobian=jacobian, atol=1e-12, rtol=1e-10)
+        kernel = DEERHMC(
+            gaussian_mean_model,
+            num_steps=3,
+            block_size=64,
+            method=method,
+            solver=solver,
+        )
+        mcmc = MCMC(kernel, num_warmup=50, num_samples=128, progress_bar=False)
+        mcmc.run(jax.random.PRNGKey(5), *args, **kwargs, extra_fields=("accept_prob",))
+        draws.append(mcmc.get_samples()["mu"])
+        accept = float(np.mean(mcmc.get_extra_fields()["accept_prob"]))
+        assert 0.5 < accept < 1.0
+    assert not np.allclose(draws[0][:-1], draws[0][1:])  # the chain moves
+    for other in draws[1:]:
+        np.testing.assert_allclose(other, draws[0], atol=1e-8)
+
+
+def test_posterior_matches_the_closed_form():
+    """2,000 draws of a Gaussian mean (20 observations of 3.0, noise 1, prior
+    N(0, 10^2)); tolerances are about 5 Monte Carlo standard errors."""
+    args, kwargs = gaussian_data(3.0)
+    exact = gaussian_mean_posterior(*args)["mu"]
+    kernel = DEERHMC(gaussian_mean_model, block_size=500)
+    mcmc = MCMC(kernel, num_warmup=200, num_samples=2000, progress_bar=False)
+    mcmc.run(jax.random.PRNGKey(1), *args, **kwargs)
+    mu = np.asarray(mcmc.get_samples()["mu"])
+    np.testing.assert_allclose(mu.mean(), exact.mean, atol=5 * exact.std / 30)
+    np.testing.assert_allclose(mu.std(), exact.std, rtol=0.15)
+    assert kernel.num_steps == 4 and kernel.transition == HMC(4, 0.2)
+
+
+@pytest.mark.parametrize("chain_method", ["sequential", "vectorized", "parallel"])
+def test_chain_methods(chain_method):
+    args, kwargs = gaussian_data(1.0)
+    mcmc = StockMCMC(
+        DEERHMC(gaussian_mean_model, num_steps=2, block_size=32),
+        num_warmup=40,
+        num_samples=64,
+        num_chains=2,
+        chain_method=chain_method,
+        progress_bar=False,
+    )
+    mcmc.run(jax.random.PRNGKey(0), *args, **kwargs)
+    draws = mcmc.get_samples(group_by_chain=True)["mu"]
+    assert draws.shape == (2, 64)
+    assert not np.allclose(draws[0], draws[1])
+    np.testing.assert_allclose(np.mean(draws), 1.0, atol=0.3)
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"num_steps": 0}, r"num_steps=0: use an integer >= 1"),
+        ({"num_steps": 2.5}, r"num_steps=2.5: use an integer >= 1"),
+        ({"jitter": 1.0}, r"jitter=1.0: use a number in \[0, 1\)"),
+        ({"target_accept_prob": 1.5}, r"target_accept_prob=1.5: use a value"),
+    ],
+)
+def test_bad_arguments_are_named(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        DEERHMC(gaussian_mean_model, **kwargs)
