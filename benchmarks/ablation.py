@@ -161,7 +161,7 @@ def _blocks_fn(kernel, args, kwargs, num_blocks, data_as_constants=False):
     The model's data are arguments of the jitted function, as in
     ``MCMC.run(key, *args)``; ``data_as_constants`` closes over them instead,
     which lets XLA fold them into the program (it changed the sequential
-    chain's time per draw on the H200, see docs/ablation.md).
+    chain's time per draw on the H200, see benchmarks/results/LOG.md).
     """
 
     def run(state, args, kwargs):

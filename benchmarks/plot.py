@@ -178,7 +178,7 @@ def plot(results: dict, output: Path) -> Path:
     block = config.get("block_size") or (
         f"min(T, {config['max_block_size']})"
         if config.get("max_block_size")
-        else "per model (docs/benchmarks.md)"
+        else "per model (benchmarks/results/LOG.md)"
     )
     fig.suptitle(
         f"{machine.get('device_kind')} ({machine.get('backend')}), jax "

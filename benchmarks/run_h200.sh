@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The H200 runs behind docs/benchmarks.md and docs/ablation.md, in stages that
+# The H200 runs behind docs/performance.md and benchmarks/results/LOG.md, in stages that
 # each fit in one 10-minute device call. Usage, from the repository root:
 #
 #     bash benchmarks/run_h200.sh STAGE OUTDIR

@@ -12,8 +12,8 @@ MALA mixes slowly per draw on this posterior (watch ``n_eff`` of ``gamma`` and
 ``mu_a``): ask for tens of thousands of draws where they are cheap, on a GPU.
 At the benchmark size MALA also needs a longer warmup than NUTS: after 800
 steps its chain is still on the way to the posterior, and DEER's first blocks
-stall; 3,000 steps suffice (``docs/limitations.md``). On an H200 that setting
-with blocks of 4,096 ran 2.4x the sequential chain (``docs/benchmarks.md``).
+stall; 3,000 steps suffice (``docs/limitations.md``). On an H200, after that
+warmup, blocks of 16,384 ran 3.4x the sequential chain (``docs/performance.md``).
 
 For example::
 

@@ -11,10 +11,51 @@ import subprocess
 import sys
 from pathlib import Path
 
+import yaml
+
 import numpyro_deer
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
+
+# Run names, run ordinals and dates of past measurements belong in
+# benchmarks/results/LOG.md, not in the manual.
+LOG_PATTERNS = [
+    re.compile(r"\brun\d+\b", re.I),
+    re.compile(
+        r"\b(first|second|third|fourth|fifth|sixth|seventh|eighth|ninth|tenth)"
+        r" (ablation )?run\b",
+        re.I,
+    ),
+    re.compile(r"\b20\d\d-\d\d-\d\d\b"),
+]
+# The changelog page includes CHANGELOG.md, whose older entries are history.
+HISTORY_PAGES = {"changelog.md"}
+
+
+def _nav_pages(nav):
+    """The markdown files named anywhere in mkdocs.yml's ``nav``."""
+    if isinstance(nav, str):
+        return [nav] if nav.endswith(".md") else []
+    items = nav.values() if isinstance(nav, dict) else nav
+    return [page for item in items for page in _nav_pages(item)]
+
+
+def test_manual_pages_hold_no_run_log():
+    config = yaml.safe_load((ROOT / "mkdocs.yml").read_text())
+    pages = [p for p in _nav_pages(config["nav"]) if p not in HISTORY_PAGES]
+    assert "performance.md" in pages
+    hits = []
+    for path in [ROOT / "README.md"] + [DOCS / p for p in pages]:
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            for pattern in LOG_PATTERNS:
+                match = pattern.search(line)
+                if match:
+                    where = f"{path.relative_to(ROOT)}:{number}"
+                    hits.append(f"{where}: {match.group(0)!r} in {line.strip()!r}")
+    assert not hits, "move run history to benchmarks/results/LOG.md:\n" + "\n".join(
+        hits
+    )
 
 
 def test_api_page_documents_every_public_name():
