@@ -44,6 +44,7 @@ from contextlib import contextmanager
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpyro.distributions as dist
 from numpyro.handlers import block, seed, substitute, trace
 from numpyro.infer.initialization import init_to_uniform
@@ -53,6 +54,7 @@ __all__ = [
     "UnsupportedModelError",
     "check_model",
     "check_potential_traceable",
+    "non_finite_sites_message",
     "translate_tracer_errors",
 ]
 
@@ -185,6 +187,48 @@ def check_model(
     ]
     if problems:
         raise UnsupportedModelError("\n".join(problems))
+
+
+def non_finite_sites_message(
+    model: Callable[..., Any],
+    model_args: tuple[Any, ...] = (),
+    model_kwargs: dict[str, Any] | None = None,
+    rng_key: jax.Array | None = None,
+) -> str:
+    """Which sites have a non-finite log density at an initial point.
+
+    Runs the model once as `check_model` does (latent values from
+    ``init_to_uniform``) and sums each sample site's ``log_prob``. Used when
+    NumPyro finds no valid initial parameters, to say where to look: usually
+    NaN or infinite data in an observed site, or an observation outside its
+    distribution's support.
+    """
+    if rng_key is None:
+        rng_key = jax.random.PRNGKey(0)
+    elif not is_prng_key(rng_key):
+        rng_key = rng_key[0]
+    seeded = substitute(seed(model, rng_key), substitute_fn=init_to_uniform)
+    try:
+        with block():
+            model_trace = trace(seeded).get_trace(*model_args, **(model_kwargs or {}))
+    except Exception:  # noqa: BLE001 - only a better message is at stake
+        return ""
+    bad = []
+    for name, site in model_trace.items():
+        if site["type"] != "sample":
+            continue
+        log_prob = jnp.sum(site["fn"].log_prob(site["value"]))
+        if not bool(jnp.isfinite(log_prob)):
+            kind = "observed" if site["is_observed"] else "latent"
+            bad.append(f"'{name}' ({kind})")
+    if not bad:
+        return ""
+    return (
+        "The log density is not finite at the initial point at site(s) "
+        + ", ".join(bad)
+        + ": check those sites' data for NaN or infinite values and for values "
+        "outside the distribution's support."
+    )
 
 
 def _user_frame(err: BaseException) -> str | None:

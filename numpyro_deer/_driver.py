@@ -22,8 +22,6 @@ the stock loop. Compiled loop functions are cached on the object, so a second
 
 from __future__ import annotations
 
-import warnings
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -32,10 +30,10 @@ import tqdm
 
 from . import _memory as memory
 from . import _numpyro_compat as compat
+from ._checks import translate_tracer_errors
+from ._convergence import DEERConvergenceWarning, warn_unconverged
 
-
-class DEERConvergenceWarning(UserWarning):
-    """Some blocks' DEER solve did not pass and were computed sequentially."""
+__all__ = ["MCMC", "DEERConvergenceWarning", "is_block_kernel"]
 
 
 def is_block_kernel(kernel) -> bool:
@@ -81,39 +79,64 @@ class MCMC(numpyro.infer.MCMC):
         super().__init__(sampler, **kwargs)
         self._block_fns = {}
         self._memory_checked = set()
+        self._chain_stats = []
 
     def __getstate__(self):
         state = super().__getstate__()
         state["_block_fns"] = {}
         state["_memory_checked"] = set()
+        state["_chain_stats"] = []
         return state
 
+    def run(self, *args, **kwargs):
+        # chains run inside pmap (chain_method="parallel") report their
+        # failed-block counts from the devices; warn once here
+        self._chain_stats = []
+        result = super().run(*args, **kwargs)
+        stats, self._chain_stats = self._chain_stats, []
+        if stats:
+            _warn_failed_blocks(tuple(map(sum, zip(*stats, strict=True))))
+        return result
+
+    def _record_chain_stats(self, blocks, failed) -> None:
+        self._chain_stats.append((int(blocks), int(failed)))
+
     # ------------------------------------------------------------- loop fns
-    def _loop_fns(self, collect_fields, remove_sites, batched, size):
-        key = (collect_fields, remove_sites, batched, size, self.thinning)
-        if self._jit_model_args:
-            key += (None,)
-        else:
-            try:
-                key += (tuple(map(id, jax.tree.leaves((self._args, self._kwargs)))),)
-            except TypeError:  # pragma: no cover - unhashable args: no caching
-                key = None
+    def _loop_fns(self, collect_fields, remove_sites, batched, size, static):
+        """The compiled loops for these settings, cached on the object.
+
+        The model's array arguments are arguments of the compiled loops (never
+        closed over), so new data of the same shape, or a buffer refilled in
+        place, reuses them and is read afresh; ``static`` (see
+        :func:`_split_model_args`) holds the argument tree and its non-array
+        leaves (Python numbers, strings, ``None``: the ones shapes depend on),
+        compared by value.
+        """
+        key = (collect_fields, remove_sites, batched, size, self.thinning, static)
+        try:
+            hash(key)
+        except TypeError:  # unhashable non-array arguments: no caching
+            key = None
         if key is not None and key in self._block_fns:
             return self._block_fns[key]
 
         kernel = self.sampler
         transform = compat.collect_transform(
-            compat.postprocess_fn(self), collect_fields, remove_sites
+            compat.postprocess_fn_with_args(self), collect_fields, remove_sites
         )
-        jit_args = self._jit_model_args
-        bound = (self._args, self._kwargs)
         thinning = self.thinning
+        treedef, static_leaves = static
+
+        def unflatten(dynamic):
+            dynamic = iter(dynamic)
+            leaves = [next(dynamic) if s is _DYNAMIC else s[1] for s in static_leaves]
+            return jax.tree.unflatten(treedef, leaves)
 
         def collected(state, args, kwargs):
-            return transform((state, args, kwargs) if jit_args else (state,))
+            return transform((state, args, kwargs))
 
-        def warmup_loop(state, collection, n0, n1, start_idx, args, kwargs):
-            args, kwargs = (args, kwargs) if jit_args else bound
+        def warmup_loop(state, collection, n0, n1, start_idx, dynamic):
+            args, kwargs = unflatten(dynamic)
 
             def body(n, carry):
                 state, collection = carry
@@ -125,11 +148,13 @@ class MCMC(numpyro.infer.MCMC):
             return jax.lax.fori_loop(n0, n1, body, (state, collection))
 
         def block_step(
-            state, collection, done, stats, n_offset, total, start_idx, args, kwargs
+            state, collection, done, stats, n_offset, total, start_idx, dynamic
         ):
-            args, kwargs = (args, kwargs) if jit_args else bound
+            args, kwargs = unflatten(dynamic)
             state = kernel.block_refill(state, args, kwargs, batched=batched)
-            block_size = kernel.block_size
+            # the buffer's own size: a post_warmup_state may come from a kernel
+            # with another block_size
+            block_size = buffer_size(state, batched)
             index = state.block.index[0] if batched else state.block.index
             k = jnp.arange(block_size)
             draws = jax.vmap(
@@ -154,19 +179,25 @@ class MCMC(numpyro.infer.MCMC):
             )
             return state, collection, done + consumed, stats
 
-        def run_all(state, collection, n_warmup, total, start_idx, args, kwargs):
+        def run_all(state, collection, n_warmup, total, start_idx, dynamic):
             state, collection = warmup_loop(
-                state, collection, 0, n_warmup, start_idx, args, kwargs
+                state, collection, 0, n_warmup, start_idx, dynamic
             )
             zero = jnp.zeros((), jnp.int32)
+            limit = max_block_steps(total, buffer_size(state, batched))
 
             def body(carry):
-                return block_step(*carry, n_warmup, total, start_idx, args, kwargs)
+                *carry, steps = carry
+                carry = block_step(*carry, n_warmup, total, start_idx, dynamic)
+                return (*carry, steps + 1)
 
-            state, collection, _, stats = jax.lax.while_loop(
-                lambda c: c[2] < total, body, (state, collection, zero, (zero, zero))
+            def cond(carry):
+                return (carry[2] < total) & (carry[4] < limit)
+
+            state, collection, done, stats, _ = jax.lax.while_loop(
+                cond, body, (state, collection, zero, (zero, zero), zero)
             )
-            return state, collection, stats
+            return state, collection, stats, done
 
         # the collection is updated in place where the backend can donate
         donate = () if jax.default_backend() == "cpu" else (1,)
@@ -175,7 +206,7 @@ class MCMC(numpyro.infer.MCMC):
             jax.jit(block_step, donate_argnums=donate),
             run_all,
             jax.jit(run_all, donate_argnums=donate),
-            collected,
+            lambda state, dynamic: collected(state, *unflatten(dynamic)),
         )
         if key is not None:
             self._block_fns[key] = fns
@@ -204,10 +235,12 @@ class MCMC(numpyro.infer.MCMC):
         start_idx = lower + (upper - lower) % thinning
         batched = jnp.ndim(init_state.i) > 0
         n_warmup = self._num_warmup_iterations(init_state, upper)
+        dynamic, static = _split_model_args(args, kwargs, self._jit_model_args)
         warmup_fn, block_fn, run_all, run_all_jit, collected = self._loop_fns(
-            collect_fields, remove_sites, batched, size
+            collect_fields, remove_sites, batched, size, static
         )
-        proto = jax.eval_shape(collected, init_state, args, kwargs)
+        with translate_tracer_errors():
+            proto = jax.eval_shape(collected, init_state, dynamic)
         collection = jax.tree.map(
             lambda s: jnp.zeros((size,) + s.shape, s.dtype), proto
         )
@@ -215,43 +248,47 @@ class MCMC(numpyro.infer.MCMC):
         if total > 0 and not isinstance(init_state.i, jax.core.Tracer):
             self._check_block_memory(
                 block_fn, init_state, collection, n_warmup, total, start_idx,
-                args, kwargs,
+                dynamic,
             )  # fmt: skip
         if isinstance(init_state.i, jax.core.Tracer):
-            # inside pmap or jit: one compiled loop, no progress bar
-            state, collection, _ = run_all(
-                init_state, collection, n_warmup, total, start_idx, args, kwargs
+            # inside pmap or jit: one compiled loop, no progress bar; the
+            # failed-block counts travel out with the state (see _run_parallel)
+            state, collection, stats, _ = run_all(
+                init_state, collection, n_warmup, total, start_idx, dynamic
             )
+            jax.debug.callback(self._record_chain_stats, *stats)
         elif not self.progress_bar:
-            state, collection, stats = run_all_jit(
-                init_state,
-                collection,
-                _i32(n_warmup),
-                _i32(total),
-                _i32(start_idx),
-                args,
-                kwargs,
-            )
+            with translate_tracer_errors():
+                state, collection, stats, done = run_all_jit(
+                    init_state,
+                    collection,
+                    _i32(n_warmup),
+                    _i32(total),
+                    _i32(start_idx),
+                    dynamic,
+                )
+            _check_progress(done, total, state, batched)
             _warn_failed_blocks(stats)
         else:
-            state, collection = self._run_with_progress(
-                warmup_fn,
-                block_fn,
-                init_state,
-                collection,
-                n_warmup,
-                total,
-                start_idx,
-                phase,
-                args,
-                kwargs,
-            )
+            with translate_tracer_errors():
+                state, collection = self._run_with_progress(
+                    warmup_fn,
+                    block_fn,
+                    init_state,
+                    collection,
+                    n_warmup,
+                    total,
+                    start_idx,
+                    phase,
+                    dynamic,
+                    batched,
+                )
         if len(collect_fields) == 1:
             collection = (collection,)
         return dict(zip(collect_fields, collection, strict=True)), state
 
     def _check_block_memory(
-        self, block_fn, state, collection, n_warmup, total, start_idx, args, kwargs
+        self, block_fn, state, collection, n_warmup, total, start_idx, dynamic
     ):
         """Compile one block step ahead of time; compare its memory with the device's.
 
@@ -265,7 +302,7 @@ class MCMC(numpyro.infer.MCMC):
         zero = _i32(0)
         compiled = block_fn.lower(
             state, collection, zero, (zero, zero), _i32(n_warmup), _i32(total),
-            _i32(start_idx), args, kwargs,
+            _i32(start_idx), dynamic,
         ).compile()  # fmt: skip
         memory.check_block_memory(
             memory.compiled_bytes(compiled), free, self.sampler.block_size
@@ -290,8 +327,8 @@ class MCMC(numpyro.infer.MCMC):
         total,
         start_idx,
         phase,
-        args,
-        kwargs,
+        dynamic,
+        batched,
     ):
         """Warmup in about 20 chunks, then one block per call, with a tqdm bar."""
         bar = tqdm.tqdm(total=n_warmup + total, unit="draws", dynamic_ncols=True)
@@ -302,7 +339,7 @@ class MCMC(numpyro.infer.MCMC):
             for n0 in range(0, n_warmup, chunk):
                 n1 = min(n_warmup, n0 + chunk)
                 state, collection = warmup_fn(
-                    state, collection, _i32(n0), _i32(n1), start, args, kwargs
+                    state, collection, _i32(n0), _i32(n1), start, dynamic
                 )
                 bar.update(n1 - n0)
                 bar.set_postfix_str(
@@ -311,7 +348,13 @@ class MCMC(numpyro.infer.MCMC):
                 )
             bar.set_description(phase or "sample")
             done, stats = _i32(0), (_i32(0), _i32(0))
+            limit = steps = None
             while int(done) < total:
+                if limit is None:
+                    limit = int(max_block_steps(total, buffer_size(state, batched)))
+                if steps == limit:
+                    break
+                steps = (steps or 0) + 1
                 before = int(done)
                 state, collection, done, stats = block_fn(
                     state,
@@ -321,8 +364,7 @@ class MCMC(numpyro.infer.MCMC):
                     _i32(n_warmup),
                     _i32(total),
                     start,
-                    args,
-                    kwargs,
+                    dynamic,
                 )
                 bar.update(int(done) - before)
                 bar.set_postfix_str(
@@ -330,8 +372,54 @@ class MCMC(numpyro.infer.MCMC):
                     f"acc. prob={float(jnp.mean(state.mean_accept_prob)):.2f}",
                     refresh=False,
                 )
+        _check_progress(done, total, state, batched)
         _warn_failed_blocks(stats)
         return state, collection
+
+
+_DYNAMIC = object()
+"""Marks a leaf of the model arguments that is passed to the compiled loop."""
+
+
+def _split_model_args(args, kwargs, jit_model_args: bool):
+    """``(dynamic, static)``: the array leaves of ``(args, kwargs)``, and the rest.
+
+    ``static = (treedef, leaves)`` with each array leaf replaced by a marker
+    and each other leaf by ``(type, value)``, so that it compares by value
+    (``1`` and ``1.0`` differ). Under ``jit_model_args`` every leaf is dynamic,
+    as in stock ``MCMC``.
+    """
+    leaves, treedef = jax.tree.flatten((args, kwargs))
+    dynamic, static = [], []
+    for leaf in leaves:
+        if jit_model_args or isinstance(leaf, (np.ndarray, jax.Array)):
+            dynamic.append(leaf)
+            static.append(_DYNAMIC)
+        else:
+            static.append((type(leaf), leaf))
+    return tuple(dynamic), (treedef, tuple(static))
+
+
+def buffer_size(state, batched: bool) -> int:
+    """Draws per block of the state's buffer (its own, not the kernel's)."""
+    return state.block.z.shape[1 if batched else 0]
+
+
+def max_block_steps(total, block_size: int):
+    """Most loop iterations ``total`` draws can take: each iteration after the
+    first (which may start in a partly used buffer) hands out a whole block."""
+    return total // block_size + 2
+
+
+def _check_progress(done, total: int, state, batched: bool) -> None:
+    if int(done) < total:
+        raise RuntimeError(
+            f"numpyro_deer.MCMC: the block loop stopped after "
+            f"{max_block_steps(total, buffer_size(state, batched))} iterations "
+            f"with {int(done)} of {total} draws: the state's block buffer (size "
+            f"{buffer_size(state, batched)}) and the loop disagree about the "
+            "draws left. Please report this with the model and settings."
+        )
 
 
 def _i32(n) -> jax.Array:
@@ -341,17 +429,4 @@ def _i32(n) -> jax.Array:
 def _warn_failed_blocks(stats) -> None:
     blocks, failed = (int(s) for s in stats)
     if failed:
-        warnings.warn(
-            f"DEER did not converge on {failed} of {blocks} blocks; those blocks were "
-            "finished one step after the other from the solve's front with the same "
-            "tape, so the draws are the chain, but slower. Try a longer "
-            "num_warmup (a chain still drifting towards the posterior when "
-            "sampling starts is slow to solve), a smaller block_size, a "
-            "longer sweep (sweep=16), jacobian='full' (small models), a larger "
-            "max_iter, or "
-            "method='sequential' for this model (docs: choosing options, "
-            "limitations). To make this an error: warnings.simplefilter("
-            "'error', numpyro_deer.DEERConvergenceWarning).",
-            DEERConvergenceWarning,
-            stacklevel=5,
-        )
+        warn_unconverged(failed, blocks, stacklevel=6)

@@ -135,25 +135,44 @@ def hessian_window_end(
     not finite (NumPyro's estimate is kept then); elsewhere ``after`` is
     returned unchanged.
     """
-    window_end = after.window_idx != before.window_idx
-    middle = (before.window_idx > 0) & (before.window_idx < num_windows - 1)
 
     def replace(state):
-        inverse, sqrt, sqrt_inv, finite = hessian_inverse_mass(potential, points)
-        new = state._replace(
-            inverse_mass_matrix=inverse,
-            mass_matrix_sqrt=sqrt,
-            mass_matrix_sqrt_inv=sqrt_inv,
-        )
-        if find_step_size is not None:
-            key, key_ss = jax.random.split(state.rng_key)
-            step_size = find_step_size(state.step_size, inverse, (x,), key_ss)
-            ss_init, _ = dual_averaging()
-            new = new._replace(
-                step_size=step_size,
-                ss_state=ss_init(jnp.log(10.0) + jnp.log(step_size)),
-                rng_key=key,
-            )
-        return jax.tree.map(lambda a, b: jnp.where(finite, a, b), new, state)
+        return hessian_metric(state, potential, points, x, find_step_size)
 
-    return jax.lax.cond(window_end & middle, replace, lambda s: s, after)
+    return jax.lax.cond(
+        is_hessian_window_end(before, after, num_windows), replace, lambda s: s, after
+    )
+
+
+def is_hessian_window_end(before: Any, after: Any, num_windows: int) -> Array:
+    """Whether the update ``before -> after`` ended a middle adaptation window."""
+    window_end = after.window_idx != before.window_idx
+    middle = (before.window_idx > 0) & (before.window_idx < num_windows - 1)
+    return window_end & middle
+
+
+def hessian_metric(
+    state: Any,
+    potential: Callable[[Array], Array],
+    points: Array,
+    x: Array,
+    find_step_size: Callable | None,
+) -> Any:
+    """``state`` with the inverse mean Hessian as its metric (see
+    :func:`hessian_window_end`), unchanged where the Hessian is not finite."""
+    inverse, sqrt, sqrt_inv, finite = hessian_inverse_mass(potential, points)
+    new = state._replace(
+        inverse_mass_matrix=inverse,
+        mass_matrix_sqrt=sqrt,
+        mass_matrix_sqrt_inv=sqrt_inv,
+    )
+    if find_step_size is not None:
+        key, key_ss = jax.random.split(state.rng_key)
+        step_size = find_step_size(state.step_size, inverse, (x,), key_ss)
+        ss_init, _ = dual_averaging()
+        new = new._replace(
+            step_size=step_size,
+            ss_state=ss_init(jnp.log(10.0) + jnp.log(step_size)),
+            rng_key=key,
+        )
+    return jax.tree.map(lambda a, b: jnp.where(finite, a, b), new, state)

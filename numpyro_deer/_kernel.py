@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import math
+import numbers
 from collections.abc import Callable
 from functools import partial
 from typing import Any
@@ -24,19 +26,46 @@ from ._block import (
     needs_refill,
     refill_block,
 )
-from ._checks import check_model, translate_tracer_errors
+from ._checks import (
+    UnsupportedModelError,
+    check_model,
+    non_finite_sites_message,
+    translate_tracer_errors,
+)
+from ._convergence import warn_unconverged
 from ._hessian_mass import resolve_mass_adaptation
 from ._jacobian import JacobianStrategy, jacobian_from_name
 from ._mala import Gate, HardGate, SigmoidGate
 from ._memory import check_buffer_memory
 from ._newton import DEERSolver
-from ._warmup import build_adapter, warmup_step
+from ._warmup import (
+    batched_hessian_window_end,
+    build_adapter,
+    find_reasonable_step_size,
+    warmup_step,
+)
 
 _GATES = {"hard": HardGate, "sigmoid": SigmoidGate}
+
+# what jax.default_matmul_precision accepts (JAX 0.10), and None for JAX's own
+MATMUL_PRECISIONS = (
+    None,
+    "default",
+    "high",
+    "highest",
+    "bfloat16",
+    "tensorfloat32",
+    "float32",
+)
 
 
 def _gate_from_name(gate: str | Gate) -> Gate:
     if not isinstance(gate, str):
+        if not hasattr(gate, "tangent"):
+            raise ValueError(
+                f"gate={gate!r} is not a gate treatment: use 'hard', 'sigmoid' "
+                "or SigmoidGate(temperature=...)."
+            )
         return gate
     if gate not in _GATES:
         raise ValueError(
@@ -222,10 +251,38 @@ class DEERMALA(MCMCKernel):
     ):
         if (model is None) == (potential_fn is None):
             raise ValueError("DEERMALA needs exactly one of `model` or `potential_fn`.")
-        if not (isinstance(block_size, int) and block_size >= 1):
+        if not (
+            isinstance(block_size, numbers.Integral)
+            and not isinstance(block_size, bool)
+            and block_size >= 1
+        ):
             raise ValueError(f"block_size={block_size!r}: use an integer >= 1.")
-        if not step_size > 0:
-            raise ValueError(f"step_size={step_size!r}: use a positive number.")
+        block_size = int(block_size)
+        if not (
+            isinstance(step_size, numbers.Real)
+            and math.isfinite(step_size)
+            and step_size > 0
+        ):
+            raise ValueError(f"step_size={step_size!r}: use a finite positive number.")
+        if clip is not None and not (
+            isinstance(clip, numbers.Real) and math.isfinite(clip) and clip > 0
+        ):
+            raise ValueError(
+                f"clip={clip!r}: use a finite positive number, or None for no clipping."
+            )
+        if not isinstance(adapt_step_size, bool):
+            raise ValueError(f"adapt_step_size={adapt_step_size!r}: use True or False.")
+        if matmul_precision not in MATMUL_PRECISIONS:
+            raise ValueError(
+                f"matmul_precision={matmul_precision!r}: use one of "
+                f"{list(MATMUL_PRECISIONS)}."
+            )
+        if not (isinstance(jacobian, str) or hasattr(jacobian, "linearize")):
+            raise ValueError(
+                f"jacobian={jacobian!r} is not a Jacobian strategy: use 'stochastic', "
+                "'diag', 'full' or a strategy object such as "
+                "StochasticDiagonalJacobian(num_probes=2)."
+            )
         if not 0 < target_accept_prob < 1:
             raise ValueError(
                 f"target_accept_prob={target_accept_prob!r}: use a value in (0, 1)."
@@ -295,6 +352,7 @@ class DEERMALA(MCMCKernel):
         self._postprocess_fn = None
         self._unravel = None
         self._sample_fn = None
+        self._warned_unconverged = False
 
     # ------------------------------------------------------------------ props
     @property
@@ -340,7 +398,7 @@ class DEERMALA(MCMCKernel):
         windowed covariance) or ``False``; ``"auto"`` until :meth:`init`."""
         return self._mass_adaptation
 
-    def _adapter(self, potential_flat):
+    def _adapter(self, potential_flat, window_end=True):
         return build_adapter(
             potential_flat,
             self._num_warmup,
@@ -348,6 +406,7 @@ class DEERMALA(MCMCKernel):
             dense_mass=self._dense_mass,
             adapt_step_size=self._adapt_step_size,
             target_accept_prob=self._target_accept_prob,
+            window_end=window_end,
         )
 
     # -------------------------------------------------------------------- init
@@ -361,39 +420,68 @@ class DEERMALA(MCMCKernel):
             return init_params
         if self._validate_model:
             check_model(self._model, model_args, model_kwargs, rng_key)
-        with translate_tracer_errors():
-            params_info, self._potential_fn_gen, self._postprocess_fn, _ = (
-                initialize_model(
-                    rng_key,
-                    self._model,
-                    dynamic_args=True,
-                    init_strategy=self._init_strategy,
-                    model_args=model_args,
-                    model_kwargs=model_kwargs,
+        try:
+            with translate_tracer_errors():
+                params_info, self._potential_fn_gen, self._postprocess_fn, _ = (
+                    initialize_model(
+                        rng_key,
+                        self._model,
+                        dynamic_args=True,
+                        init_strategy=self._init_strategy,
+                        model_args=model_args,
+                        model_kwargs=model_kwargs,
+                    )
                 )
-            )
+        except RuntimeError as err:
+            if "Cannot find valid initial parameters" not in str(err):
+                raise
+            raise RuntimeError(
+                str(err)
+                + " "
+                + non_finite_sites_message(
+                    self._model, model_args, model_kwargs, rng_key
+                )
+            ) from err
         return params_info[0] if init_params is None else init_params
 
     def init(self, rng_key, num_warmup, init_params, model_args, model_kwargs):
         self._num_warmup = num_warmup
+        self._warned_unconverged = False
         vectorized = not is_prng_key(rng_key)
         if vectorized:
+            # the chain axis comes from where the parameters came from: the
+            # user's init_params carry one (as for NumPyro's kernels), the
+            # kernel's own initialization is vmapped over the chains' keys
+            num_chains = rng_key.shape[0]
             rng_key, key_model = jnp.swapaxes(jax.vmap(jax.random.split)(rng_key), 0, 1)
+            user_params = init_params
             init_params = self._init_model(
                 key_model[0], model_args, model_kwargs, init_params
             )
-            if not _has_chain_axis(init_params, rng_key.shape[0]):
+            if user_params is None:
                 params = self._init_model
                 init_params = jax.vmap(
                     lambda k: params(k, model_args, model_kwargs, None)
                 )(key_model)
+            elif not _has_chain_axis(init_params, num_chains):
+                raise ValueError(
+                    "init_params for vectorized chains need a leading axis of "
+                    f"length num_chains={num_chains} on every site."
+                )
         else:
             rng_key, key_model = jax.random.split(rng_key)
             init_params = self._init_model(
                 key_model, model_args, model_kwargs, init_params
             )
+        init_params = _float_params(init_params)
         one = jax.tree.map(lambda x: x[0], init_params) if vectorized else init_params
         flat, self._unravel = ravel_pytree(one)
+        if flat.size == 0:
+            raise UnsupportedModelError(
+                "DEERMALA: the model has no latent sample sites (nothing to "
+                "sample): every numpyro.sample site is observed or the model has "
+                "none. Use numpyro.infer.Predictive to draw from it."
+            )
         self._mass_adaptation = resolve_mass_adaptation(
             self._adapt_mass_matrix, self._dense_mass, flat.size
         )
@@ -448,12 +536,17 @@ class DEERMALA(MCMCKernel):
 
     def block_warmup(self, state, model_args, model_kwargs, batched=False):
         """One warmup step (the driver calls this while ``i < num_warmup``)."""
-        with self._precision():
+        with self._precision(), translate_tracer_errors():
             return self._block_warmup(state, model_args, model_kwargs, batched)
 
     def _block_warmup(self, state, model_args, model_kwargs, batched):
         potential_flat = self._potential_flat(model_args, model_kwargs)
-        _, wa_update = self._adapter(potential_flat)
+        # vectorized chains take the Hessian metric once for all (see
+        # batched_hessian_window_end), not inside vmap; on the CPU the chains
+        # are mapped one after the other (see _map_chains), so each chain's
+        # window end is a plain cond
+        shared_end = batched and self._mass_adaptation == "hessian" and not _on_cpu()
+        _, wa_update = self._adapter(potential_flat, window_end=not shared_end)
         step = partial(
             warmup_step,
             potential_flat=potential_flat,
@@ -461,11 +554,30 @@ class DEERMALA(MCMCKernel):
             num_warmup=self._num_warmup,
             unravel=self._unravel,
         )
-        return jax.vmap(step)(state) if batched else step(state)
+        if not batched:
+            return step(state)
+        new = _map_chains(step, state)
+        if not shared_end:
+            return new
+        find_step_size = None
+        if self._adapt_step_size:
+            find_step_size = partial(
+                find_reasonable_step_size, potential_flat, self._target_accept_prob
+            )
+        adapt = batched_hessian_window_end(
+            state.adapt_state,
+            new.adapt_state,
+            potential_flat,
+            new.curvature_points,
+            jax.vmap(lambda z: ravel_pytree(z)[0])(new.z),
+            self._num_warmup,
+            find_step_size,
+        )
+        return new._replace(adapt_state=adapt)
 
     def block_refill(self, state, model_args, model_kwargs, batched=False):
         """Solve a new block where the buffer is used up or the key was replaced."""
-        with self._precision():
+        with self._precision(), translate_tracer_errors():
             return self._block_refill(state, model_args, model_kwargs, batched)
 
     def _block_refill(self, state, model_args, model_kwargs, batched):
@@ -476,7 +588,9 @@ class DEERMALA(MCMCKernel):
         # told so (see DEERSolver.vmapped).
         solver = None
         if self._method == "deer":
-            solver = dataclasses.replace(self._solver, vmapped=batched)
+            solver = dataclasses.replace(
+                self._solver, vmapped=batched and not _on_cpu()
+            )
 
         def refill(s):
             return refill_block(
@@ -491,7 +605,7 @@ class DEERMALA(MCMCKernel):
 
         if batched:
             need = jnp.any(jax.vmap(needs_refill)(state))
-            return jax.lax.cond(need, jax.vmap(refill), identity, state)
+            return jax.lax.cond(need, lambda s: _map_chains(refill, s), identity, state)
         return jax.lax.cond(needs_refill(state), refill, identity, state)
 
     def block_emit(self, state, k, batched=False):
@@ -514,13 +628,28 @@ class DEERMALA(MCMCKernel):
         def sampling(s):
             s = self._block_refill(s, model_args, model_kwargs, batched)
             index = s.block.index[0] if batched else s.block.index
+            # a block just solved (index 0) that did not converge is reported
+            # from the host; the driver counts blocks itself instead
+            failed = jnp.sum((index == 0) & ~s.block.info.converged, dtype=jnp.int32)
+            jax.lax.cond(
+                failed > 0,
+                lambda: jax.debug.callback(self._report_unconverged, failed),
+                lambda: None,
+            )
             return self.block_emit(s, index, batched=batched)
 
         i = state.i[0] if batched else state.i
         return jax.lax.cond(i < self._num_warmup, warmup, sampling, state)
 
+    def _report_unconverged(self, failed) -> None:
+        """Warn, once per ``init``, that a block's solve did not converge."""
+        if self._warned_unconverged:
+            return
+        self._warned_unconverged = True
+        warn_unconverged(int(failed), None)
+
     def sample(self, state, model_args, model_kwargs):
-        with self._precision():
+        with self._precision(), translate_tracer_errors():
             return self._sample_fn(state, model_args, model_kwargs)
 
     def postprocess_fn(self, model_args, model_kwargs):
@@ -536,11 +665,43 @@ class DEERMALA(MCMCKernel):
         return state
 
 
+def _on_cpu() -> bool:
+    return jax.default_backend() == "cpu"
+
+
+def _map_chains(fn: Callable, state: Any) -> Any:
+    """``fn`` over the leading chain axis: ``vmap``, or ``lax.map`` on the CPU.
+
+    On the CPU, batched LAPACK kernels (Cholesky, ``eigh``, triangular solves
+    of a dense mass matrix, one per chain) split their batch over XLA's
+    intra-op thread pool and wait for it from a thread of that pool; two such
+    kernels running at once can wait on each other forever when the pool is
+    small (observed: 4 chains, ``D = 64``, 2 cores, every thread asleep in
+    ``ParallelBatchMap``). Mapping the chains one after the other keeps each
+    kernel unbatched; on the CPU it costs about what sequential chains do.
+    """
+    if _on_cpu():
+        return jax.lax.map(fn, state)
+    return jax.vmap(fn)(state)
+
+
 def _has_chain_axis(params: Any, num_chains: int) -> bool:
     leaves = jax.tree.leaves(params)
     return bool(leaves) and all(
         jnp.ndim(x) >= 1 and jnp.shape(x)[0] == num_chains for x in leaves
     )
+
+
+def _float_params(params: Any) -> Any:
+    """Integer or boolean initial values as floats (the latent space is real)."""
+
+    def to_float(x):
+        x = jnp.asarray(x)
+        if jnp.issubdtype(x.dtype, jnp.floating):
+            return x
+        return x.astype(jnp.result_type(float))
+
+    return jax.tree.map(to_float, params)
 
 
 def _check_initial_potential(potential_energy) -> None:

@@ -54,6 +54,9 @@ from ._sweep import (
     sweep_starts,
 )
 
+MAX_TOLERANCE = 1e-2
+"""Largest ``atol`` or ``rtol`` a :class:`DEERSolver` accepts (whitened units)."""
+
 
 @dataclass(frozen=True)
 class DEERSolver:
@@ -64,7 +67,13 @@ class DEERSolver:
         atol, rtol: a step passes when ``|s_t - f_t(s_{t-1})| <= atol +
             rtol |f_t(s_{t-1})|`` in every coordinate. ``None`` picks a default
             from the dtype: ``(1e-5, 1e-4)`` in float32, ``(1e-10, 1e-8)`` in
-            float64.
+            float64. Each must be in ``[0, MAX_TOLERANCE]`` (``1e-2``): the
+            solve runs in whitened coordinates, where a posterior standard
+            deviation is about 1 and a step moves about ``sqrt(2 eps)``, so a
+            tolerance of that order (or an infinite one) would certify states
+            that are not the MALA step (an accept decision could flip
+            unnoticed); at ``1e-2`` the certified state is within a hundredth
+            of a posterior standard deviation of the step.
         max_iter: Newton iterations per solve.
         max_solves: solves per block; each restarts from the front, keeping
             the iterate as the initial guess. A block still unfinished after
@@ -131,8 +140,15 @@ class DEERSolver:
             )
         for name in ("atol", "rtol"):
             value = getattr(self, name)
-            if value is not None and not value >= 0:
-                raise ValueError(f"DEERSolver({name}={value!r}): must be >= 0.")
+            if value is not None and not 0 <= value <= MAX_TOLERANCE:
+                raise ValueError(
+                    f"DEERSolver({name}={value!r}): use a number in [0, "
+                    f"{MAX_TOLERANCE}] (or None for the dtype's default). The "
+                    "solve runs in whitened coordinates, where a posterior "
+                    "standard deviation is about 1; a larger (or infinite) "
+                    "tolerance passes steps that are not the MALA step, so the "
+                    "block would not be the chain."
+                )
 
     def num_segments(self, window: int) -> int:
         """Segments a sweep runs side by side on a window of ``window`` steps:

@@ -9,6 +9,8 @@ them once and fails with a clear error if a NumPyro release changes them.
 
 from __future__ import annotations
 
+import functools
+
 import numpyro
 from numpyro.infer import mcmc as _mcmc
 
@@ -50,6 +52,16 @@ def collection_params(mcmc: _mcmc.MCMC) -> tuple[int, int, int | None, str | Non
 def postprocess_fn(mcmc: _mcmc.MCMC):
     """The ``MCMC`` object's postprocess function (vectorised chains handled)."""
     return mcmc._get_cached_fns()[1]
+
+
+def postprocess_fn_with_args(mcmc: _mcmc.MCMC):
+    """The postprocess function as ``(z, args, kwargs) -> constrained``.
+
+    NumPyro binds the model arguments into it unless ``jit_model_args``; the
+    block driver passes them itself, so it takes the unbound function.
+    """
+    fn = postprocess_fn(mcmc)
+    return fn.func if isinstance(fn, functools.partial) else fn
 
 
 def collect_transform(postprocess, collect_fields, remove_sites):

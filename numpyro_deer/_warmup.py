@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from functools import partial
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -26,7 +27,7 @@ from jax.flatten_util import ravel_pytree
 from numpyro.infer.hmc_util import build_adaptation_schedule, warmup_adapter
 
 from ._block import DEERMALAState, mass_matrix_sqrt, record_warmup_draw
-from ._hessian_mass import hessian_window_end
+from ._hessian_mass import hessian_metric, hessian_window_end, is_hessian_window_end
 from ._mala import make_step_fn, make_tape
 
 MAX_STEP_SIZE_SEARCH = 40
@@ -81,6 +82,7 @@ def build_adapter(
     dense_mass: bool,
     adapt_step_size: bool,
     target_accept_prob: float,
+    window_end: bool = True,
 ) -> tuple[Callable, Callable]:
     """NumPyro's ``warmup_adapter`` for MALA, with the Hessian mass if asked.
 
@@ -89,6 +91,8 @@ def build_adapter(
     the flat position ``x``; with ``mass_adaptation == "hessian"`` each window
     end replaces the inverse mass matrix by the inverse mean Hessian at the
     curvature points and restarts the step size search in the new metric.
+    ``window_end=False`` leaves that replacement out (chains advanced
+    together do it once for all, see :func:`batched_hessian_window_end`).
     """
     hessian = mass_adaptation == "hessian"
     find_step_size = partial(
@@ -102,7 +106,7 @@ def build_adapter(
         dense_mass=dense_mass or hessian,
         target_accept_prob=target_accept_prob,
     )
-    if not hessian:
+    if not hessian or not window_end:
         return init, lambda t, accept_prob, x, adapt, points: update(
             t, accept_prob, (x,), adapt
         )
@@ -159,4 +163,38 @@ def warmup_step(
         adapt_state=adapt,
         rng_key=rng_key,
         curvature_points=points,
+    )
+
+
+def batched_hessian_window_end(
+    before: Any,
+    after: Any,
+    potential_flat: Callable[[Array], Array],
+    points: Array,
+    x: Array,
+    num_warmup: int,
+    find_step_size: Callable | None,
+) -> Any:
+    """The Hessian metric at window ends for chains advanced together.
+
+    ``before``/``after`` are the chains' adapt states (leading chain axis)
+    around one warmup update, ``points`` ``(C, K, D)`` and ``x`` ``(C, D)``.
+    The chains share the iteration count, hence the adaptation schedule, so
+    chain 0 decides for all: one :func:`jax.lax.cond` outside ``vmap`` runs
+    the Hessian, its eigendecomposition and the step size search only at a
+    window end. (Under ``vmap`` a ``cond`` on a per-chain flag becomes a
+    select that runs that work at every warmup step.)
+    """
+    num_windows = len(build_adaptation_schedule(num_warmup))
+    first = jax.tree.map(lambda a: a[0], (before, after))
+    metric = jax.vmap(
+        lambda state, p, xx: hessian_metric(
+            state, potential_flat, p, xx, find_step_size
+        )
+    )
+    return jax.lax.cond(
+        is_hessian_window_end(*first, num_windows),
+        lambda a: metric(a, points, x),
+        lambda a: a,
+        after,
     )

@@ -46,10 +46,12 @@ def test_same_draws_as_stock_mcmc(stock_run):
     assert set(ours) == set(theirs)
     for name in ours:
         np.testing.assert_allclose(ours[name], theirs[name], rtol=1e-10, err_msg=name)
+    # atol: the state holds the solve's residual (~1e-15), rounding noise that
+    # differs when the data is an argument of the compiled loop, not a constant
     for a, b in zip(
         jax.tree.leaves(mcmc.last_state), jax.tree.leaves(stock.last_state), strict=True
     ):
-        np.testing.assert_allclose(a, b, rtol=1e-10)
+        np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-12)
 
 
 @pytest.fixture(scope="module")
