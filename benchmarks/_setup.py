@@ -18,7 +18,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
 import numpyro_deer  # noqa: E402
-from numpyro_deer.models import BENCHMARK_MODELS  # noqa: E402
+from benchmarks.models import BENCHMARK_MODELS  # noqa: E402
 
 
 def add_solver_arguments(parser) -> None:
@@ -40,8 +40,8 @@ def add_solver_arguments(parser) -> None:
     group.add_argument("--rtol", type=float, help="Newton rtol")
     group.add_argument("--max-iter", type=int, help="Newton iterations per solve")
     group.add_argument("--max-solves", type=int, help="solves per block")
-    group.add_argument("--damping", type=float)
-    group.add_argument("--window", type=int)
+    group.add_argument("--sweep", type=int, help="sequential steps per sweep")
+    group.add_argument("--sweep-after", type=int, help="iterations before sweeps")
     group.add_argument("--solve-basis", choices=["auto", "whitened", "hessian"])
     group.add_argument(
         "--dense-mass",
@@ -65,36 +65,49 @@ def add_solver_arguments(parser) -> None:
         "--sample-mass",
         action="store_true",
         default=None,
-        help="adapt_mass_matrix=True: NumPyro's windowed covariance estimate "
-        "(the default before 2026-12-04)",
+        help="adapt_mass_matrix=True: NumPyro's windowed covariance estimate",
     )
     group.add_argument("--target-accept", type=float)
-    group.add_argument(
-        "--matmul-precision",
-        choices=["default", "high", "highest", "none"],
-        help="DEERMALA's matmul_precision ('none': JAX's setting)",
-    )
 
 
 def kernel_options(args) -> dict:
-    """``DEERMALA`` keyword arguments for the options that were given."""
-    options = {
-        "jacobian": args.jacobian,
-        "num_probes": args.num_probes,
+    """``DEERMALA`` keyword arguments for the options that were given.
+
+    Solver settings go into one ``DEERSolver`` (``solver=``), with the
+    package's defaults for those not given.
+    """
+    jacobian = args.jacobian
+    strategy = {}
+    if args.num_probes is not None:
+        strategy["num_probes"] = args.num_probes
+    if args.clip is not None:
+        strategy["clip"] = None if args.clip <= 0 else args.clip
+    if strategy or jacobian is not None:
+        classes = {
+            "stochastic": numpyro_deer.StochasticDiagonalJacobian,
+            "diag": numpyro_deer.DiagonalJacobian,
+            "full": numpyro_deer.FullJacobian,
+        }
+        jacobian = classes[jacobian or "stochastic"](**strategy)
+    solver = {
+        "jacobian": jacobian,
         "gate": args.gate,
         "atol": args.atol,
         "rtol": args.rtol,
         "max_iter": args.max_iter,
         "max_solves": args.max_solves,
-        "damping": args.damping,
-        "window": args.window,
+        "sweep": args.sweep,
+        "sweep_after": args.sweep_after,
         "solve_basis": args.solve_basis,
+    }
+    solver = {k: v for k, v in solver.items() if v is not None}
+    options = {
         "dense_mass": args.dense_mass,
         "target_accept_prob": args.target_accept,
     }
     options = {k: v for k, v in options.items() if v is not None}
-    if args.clip is not None:
-        options["clip"] = None if args.clip <= 0 else args.clip
+    if solver:
+        options["solver"] = numpyro_deer.DEERSolver(**solver)
     mass = {
         False: args.no_adapt_mass,
         True: args.sample_mass,
@@ -107,9 +120,6 @@ def kernel_options(args) -> dict:
         )
     if chosen:
         options["adapt_mass_matrix"] = chosen[0]
-    if args.matmul_precision is not None:
-        precision = args.matmul_precision
-        options["matmul_precision"] = None if precision == "none" else precision
     return options
 
 

@@ -24,118 +24,56 @@ import platform
 import sys
 import time
 
+import _setup  # noqa: F401  (puts the repository root on sys.path)
 import jax
 import jax.numpy as jnp
 import numpy as np
 import numpyro
-from _setup import warmup_steps
-from jax.flatten_util import ravel_pytree
+from _setup import attach, warmup_steps
 from numpyro.diagnostics import effective_sample_size
 
-from numpyro_deer import DEERMALA, MCMC, FullJacobian
-from numpyro_deer._block import empty_block
-from numpyro_deer.models import BENCHMARK_MODELS
+from benchmarks.models import BENCHMARK_MODELS
+from numpyro_deer import (
+    DEERMALA,
+    MCMC,
+    DEERSolver,
+    FullJacobian,
+    SigmoidGate,
+    StochasticDiagonalJacobian,
+)
 
-# one factor at a time, from the baseline (the kernel's defaults; in JSON
-# written before the eighth run (ablation_sweep3_h200.json) it is "sweep=0";
-# in JSON written before solve_basis="auto" the baseline is "basis=whitened", and in
-# JSON written before adapt_mass_matrix="auto" (2026-12-04) it is "mass=diag",
-# NumPyro's windowed diagonal estimate, as is "sequential" there). Since
-# DEERMALA's `clip` bounds the dense Jacobian too, "jacobian=full" is the
-# clipped one; rows of that name in JSON written before that change
-# (ablation_h200.json, ablation_hard_h200.json) are "full+clip=none".
+# one factor at a time, from the baseline (the package's defaults); the keys of
+# each variant are DEERSolver fields, except "mass", "target" (warmup) and
+# "block" (a multiple of --block-size)
 VARIANTS: dict[str, dict] = {
     "baseline": {},
     "gate=sigmoid(1)": {"gate": "sigmoid"},
-    "gate=sigmoid(0.25)": {"gate": ("sigmoid", 0.25)},
-    "probes=2": {"num_probes": 2},
-    "probes=4": {"num_probes": 4},
-    "clip=none": {"clip": None},
-    "clip=0.5": {"clip": 0.5},
-    "damping=0.3": {"damping": 0.3},
+    "gate=sigmoid(0.25)": {"gate": SigmoidGate(temperature=0.25)},
+    "probes=2": {"jacobian": StochasticDiagonalJacobian(num_probes=2)},
+    "probes=4": {"jacobian": StochasticDiagonalJacobian(num_probes=4)},
+    "clip=none": {"jacobian": StochasticDiagonalJacobian(clip=None)},
+    "clip=0.5": {"jacobian": StochasticDiagonalJacobian(clip=0.5)},
     "tol=loose": {"atol": 1e-4, "rtol": 1e-3},
     "jacobian=diag": {"jacobian": "diag"},
+    "jacobian=full": {"jacobian": "full"},
+    "basis=whitened": {"solve_basis": "whitened"},
     "mass=identity": {"mass": "identity"},
     "mass=diag": {"mass": "diag"},
     "sequential+mass=diag": {"mass": "diag"},
-    "target=0.8": {"target": 0.8},
-    "target=0.95": {"target": 0.95},
-    "target=0.574": {"target": 0.574},
-    "jacobian=full": {"jacobian": "full"},
-    "full+target=0.574": {"jacobian": "full", "target": 0.574},
-    "full+clip=1": {"jacobian": "full", "clip": 1.0},  # = jacobian=full now
-    "full+clip=none": {"jacobian": "full", "clip": None},
-    "full+damping=0.3": {"jacobian": "full", "damping": 0.3},
-    "window=B/32": {"window": 32},
-    "guess=previous": {"initial_guess": "previous"},
-    "probes=2+clip=0.5": {"num_probes": 2, "clip": 0.5},
-    "basis=whitened": {"solve_basis": "whitened"},
-    "basis=hessian": {"solve_basis": "hessian"},
-    "sequential+basis=whitened": {"solve_basis": "whitened"},
-    "hessian+block=B/4": {"solve_basis": "hessian", "block": 0.25},
-    "mass=dense": {"mass": "dense"},
-    "mass=hessian": {"mass": "hessian"},
-    "mass=hessian+block=B/4": {"mass": "hessian", "block": 0.25},
-    "sequential+mass=hessian": {"mass": "hessian"},
-    # the clipped dense Jacobian with its scan's products in TF32 on a GPU
-    # ("default" precision) or at full float32 ("highest", the kernel's own)
-    "full+tf32": {"jacobian": FullJacobian(clip=1.0, precision="default")},
-    "full+highest": {"jacobian": FullJacobian(clip=1.0, precision="highest")},
-    "mass=hessian+full+tf32": {
-        "mass": "hessian",
-        "jacobian": FullJacobian(clip=1.0, precision="default"),
-    },
-    "window=B/8": {"window": 8},
-    # a window needs more (cheaper) iterations: the cap grows with B / window
-    "window=B/8+cap=8x": {"window": 8, "max_iter": 800},
-    "window=B/32+cap=32x": {"window": 32, "max_iter": 3200},
-    "block=B/4": {"block": 0.25},
-    "block=B/8": {"block": 0.125},
-    "block=B/16": {"block": 0.0625},
-    "block=B/32": {"block": 0.03125},
-    "block=4B": {"block": 4},
-    # sequential segments of k steps from the front and every local front at
-    # the start of each iteration (from the first: sweep_after=0), B / k of
-    # them side by side. In ablation_sweep_h200.json and
-    # ablation_sweep_b_h200.json the rows "sweep=k" ran 64 segments (the
-    # "sweep=k+segments=64" rows here); in those and ablation_sweep2*_h200.json
-    # each step took two gradient evaluations, one since (carried gradient).
-    "sweep=0": {"sweep": 0},  # the solver before the sweep became the default
-    "sweep=4": {"sweep": 4, "sweep_after": 0},
-    "sweep=8": {"sweep": 8, "sweep_after": 0},
-    "sweep=16": {"sweep": 16, "sweep_after": 0},
-    "sweep=32": {"sweep": 32, "sweep_after": 0},
-    "sweep=16+segments=64": {"sweep": 16, "sweep_segments": 64, "sweep_after": 0},
-    # the sweep only after the first 20 iterations of a block
-    "sweep=8+after=20": {"sweep": 8, "sweep_after": 20},
+    "sweep=0": {"sweep": 0},
+    "sweep=8+after=0": {"sweep": 8, "sweep_after": 0},
     "sweep=16+after=20": {"sweep": 16, "sweep_after": 20},
     "sweep=32+after=20": {"sweep": 32, "sweep_after": 20},
-    "sweep=64+after=20": {"sweep": 64, "sweep_after": 20},
-    # the initial guess from n sequential segments re-run until they couple
-    # (DEERMALA(coupled_segments=n)); the passes are in the "segment_passes" column
-    "coupled=16": {"coupled_segments": 16},
-    "coupled=32": {"coupled_segments": 32},
-    "coupled=64": {"coupled_segments": 64},
 }
 
 
 def _kernel(model, block_size, options):
-    from numpyro_deer import SigmoidGate
-
     options = dict(options)
-    options.pop("mass", None)
-    options.pop("block", None)
-    options.pop("target", None)
-    window = options.pop("window", None)
-    gate = options.pop("gate", "hard")
-    if isinstance(gate, tuple):
-        gate = SigmoidGate(temperature=gate[1])
+    method = options.pop("method", "deer")
+    for name in ("mass", "block", "target"):
+        options.pop(name, None)
     return DEERMALA(
-        model,
-        block_size=block_size,
-        gate=gate,
-        window=None if window is None else block_size // window,
-        **options,
+        model, block_size=block_size, method=method, solver=DEERSolver(**options)
     )
 
 
@@ -178,7 +116,6 @@ def _blocks_fn(kernel, args, kwargs, num_blocks, data_as_constants=False):
                 state.block.accept_prob.mean(),
                 state.block.z,
                 state.block.potential_energy,
-                info.segment_passes,
             )
 
         return jax.lax.scan(body, state, None, length=num_blocks)
@@ -235,6 +172,8 @@ def run_variant(name, variant, args_ns):
     jacobian = options.get("jacobian")
     if isinstance(jacobian, FullJacobian):
         jacobian = "full"
+    elif not isinstance(jacobian, str | None):
+        jacobian = "stochastic"
     if spec.latent_dim > too_big.get(jacobian, spec.latent_dim):
         return None
     block_size = int(base_b * options.get("block", 1))
@@ -244,15 +183,11 @@ def run_variant(name, variant, args_ns):
         WARM[setting] = _warmup(spec.model, args, kwargs, num_warmup, *setting[1:], 0)
     state = WARM[setting]
     kernel = _kernel(spec.model, block_size, options)
-    kernel.init(jax.random.PRNGKey(1), 0, state.z, args, kwargs)
-    z_flat = ravel_pytree(state.z)[0]
-    state = state._replace(block=empty_block(block_size, z_flat, state.rng_key))
+    state = attach(kernel, state, args, kwargs, 0)
     num_blocks = max(1, int(args_ns.blocks * base_b // block_size))
     fn = _blocks_fn(kernel, args, kwargs, num_blocks, args_ns.data_as_constants)
     try:
-        seconds, (_, (iters, conv, acc, z, pe, passes)) = _time(
-            fn, state, args_ns.repeats
-        )
+        seconds, (_, (iters, conv, acc, z, pe)) = _time(fn, state, args_ns.repeats)
     except Exception as err:  # noqa: BLE001 - report, e.g. out of memory
         print(f"{name:28s} {variant:20s} ERROR {repr(err)[:160]}", flush=True)
         return {"model": name, "variant": variant, "error": repr(err)[:300]}
@@ -268,7 +203,6 @@ def run_variant(name, variant, args_ns):
         "num_blocks": num_blocks,
         "iterations": np.asarray(iters).tolist(),
         "converged": np.asarray(conv).tolist(),
-        "segment_passes": np.asarray(passes).tolist(),
         "accept": float(np.mean(acc)),
         **_ess_per_draw(z, pe),
         "step_size": float(state.adapt_state.step_size),
@@ -307,8 +241,8 @@ def main(argv=None):
     parser.add_argument(
         "--data-as-constants",
         action="store_true",
-        help="close the jitted blocks over the model's data (the harness's "
-        "behaviour before 2026-12-03) instead of passing them as arguments",
+        help="close the jitted blocks over the model's data instead of passing "
+        "them as arguments",
     )
     parser.add_argument("--json", default="benchmarks/results/ablation.json")
     ns = parser.parse_args(argv)

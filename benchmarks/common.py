@@ -518,7 +518,9 @@ def _to_jsonable(obj: Any) -> Any:
         return _to_jsonable(arr.item() if arr.ndim == 0 else arr.tolist())
     if isinstance(obj, float) and not math.isfinite(obj):
         return None if math.isnan(obj) else ("inf" if obj > 0 else "-inf")
-    return obj
+    if obj is None or isinstance(obj, str | int | float | bool):
+        return obj
+    return repr(obj)  # settings objects such as DEERSolver
 
 
 def write_json(path: str | os.PathLike, obj: Any) -> Path:

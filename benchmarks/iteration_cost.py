@@ -13,8 +13,9 @@ times, per model and block size, on the post-warmup state of a short warmup:
                accept test's; the current point's is recomputed)
 ``floor``      ``B`` batched steps with one JVP each (``jax.jvp`` of the step)
 ``scan``       the diagonal associative scan of ``B`` elements alone
-``iteration``  one ``_newton_iteration`` of the solver on the whole block
-               (the default stochastic diagonal Jacobian)
+``iteration``  one Newton iteration of the solver on the whole block
+               (``newton_iterates`` with one iteration; the default
+               stochastic diagonal Jacobian, no sweep)
 ``full iter``  the same with the dense Jacobian (``jacobian="full"``: ``D``
                JVPs per step and a dense scan), for ``D <= --max-full-dim``
 ``seq step``   ``B`` steps of the sequential chain (``sequential_chain``:
@@ -45,19 +46,22 @@ import _setup  # noqa: F401  (puts the repository root on sys.path)
 import jax
 import jax.numpy as jnp
 from common import describe_machine, format_table, machine_info, timed, write_json
+from jax.flatten_util import ravel_pytree
+from numpyro.infer.util import initialize_model
 
-from numpyro_deer import (
-    DEERSolver,
-    FullJacobian,
-    HardGate,
+from benchmarks.models import BENCHMARK_MODELS
+from numpyro_deer import DEERSolver, FullJacobian
+from numpyro_deer.core import (
+    MALA,
     make_step_fn,
     make_tape,
+    mass_matrix_sqrt,
+    newton_iterates,
+    scan_diagonal,
     sequential_chain,
+    solve_sqrt,
+    whiten,
 )
-from numpyro_deer._block import _to_w, _whiten, mass_matrix_sqrt
-from numpyro_deer._newton import _initial_carry, _newton_iteration
-from numpyro_deer._scan import scan_diagonal
-from numpyro_deer.models import BENCHMARK_MODELS
 
 
 def _functions(step_fn, potential, step_size, w0, tape, solvers, num_steps):
@@ -74,18 +78,15 @@ def _functions(step_fn, potential, step_size, w0, tape, solvers, num_steps):
     floor = jax.jit(lambda s: jax.vmap(push)(s, tape, probes))
     scan = jax.jit(lambda a, b: scan_diagonal(a, b))
 
-    carry, padded = _initial_carry(step_fn, w0, tape, num_steps, states)
     key = jax.random.PRNGKey(3)
 
     def iteration(solver):
-        fn = jax.jit(
-            lambda c: _newton_iteration(
-                step_fn, solver, padded, num_steps, num_steps, key, c
-            )
-        )
-        return lambda: fn(carry)
+        fn = jax.jit(lambda s: newton_iterates(step_fn, w0, tape, key, 1, solver))
+        return lambda: fn(states)
 
-    sequential = jax.jit(lambda x0: sequential_chain(potential, x0, tape, step_size))
+    sequential = jax.jit(
+        lambda x0: sequential_chain(MALA(), potential, x0, tape, step_size)
+    )
 
     return {
         "grad": lambda: grad(states),
@@ -97,23 +98,30 @@ def _functions(step_fn, potential, step_size, w0, tape, solvers, num_steps):
     }
 
 
+def _potential_flat(model, z, args, kwargs):
+    """The model's potential energy on flat unconstrained values (NumPyro's)."""
+    _, potential_fn, _, _ = initialize_model(
+        jax.random.PRNGKey(0), model, model_args=args, model_kwargs=kwargs
+    )
+    _, unravel = ravel_pytree(z)
+    return lambda x: potential_fn(unravel(x))
+
+
 def measure(name, block_size, num_warmup, precisions, repeats, max_full_dim):
     bench, args, kwargs = _setup.get_model(name)
     state, _ = _setup.warmup(bench, args, kwargs, num_warmup, jax.random.PRNGKey(1), {})
-    kernel = _setup.make_kernel(bench, block_size, "deer", {})
-    state = _setup.attach(kernel, state, args, kwargs, num_warmup)
     adapt = state.adapt_state
     mass_sqrt = mass_matrix_sqrt(adapt.inverse_mass_matrix)
-    potential, _ = _whiten(kernel._potential_flat(args, kwargs), mass_sqrt)
-    w0 = _to_w(mass_sqrt, _setup.flat_z(state))
-    step_fn = make_step_fn(potential, adapt.step_size, None, HardGate())
+    potential = whiten(_potential_flat(bench.model, state.z, args, kwargs), mass_sqrt)
+    w0 = solve_sqrt(mass_sqrt, _setup.flat_z(state))
+    step_fn = make_step_fn(MALA(), potential, adapt.step_size)
     tape = make_tape(jax.random.PRNGKey(2), block_size, w0.shape[0], w0.dtype)
     rows = []
     for precision in precisions:
         with jax.default_matmul_precision(precision):
-            solvers = {"iteration": DEERSolver()}
+            solvers = {"iteration": DEERSolver(sweep=0)}
             if bench.latent_dim <= max_full_dim:
-                solvers["full iter"] = DEERSolver(jacobian=FullJacobian())
+                solvers["full iter"] = DEERSolver(jacobian=FullJacobian(), sweep=0)
             fns = _functions(
                 step_fn, potential, adapt.step_size, w0, tape, solvers, block_size
             )

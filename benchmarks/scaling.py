@@ -111,14 +111,15 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 from jax.sharding import NamedSharding, PartitionSpec  # noqa: E402
 
-from numpyro_deer import (  # noqa: E402
+from numpyro_deer.core import (  # noqa: E402
+    MALA,
     DEERSolver,
     deer_solve,
     make_step_fn,
     make_tape,
+    sharded_deer_solve,
+    time_mesh,
 )
-from numpyro_deer._jacobian import jacobian_from_name  # noqa: E402
-from numpyro_deer._sharded import sharded_deer_solve, time_mesh  # noqa: E402
 
 if NS.x64:
     jax.config.update("jax_enable_x64", True)
@@ -209,8 +210,9 @@ class Bench:
         # host values, identical on every process: replicated inputs of `jit`
         self.x0 = np.asarray(x0, dtype)
         self.step_size = float(step_size)
-        self.step_fn = make_step_fn(potential, jnp.asarray(step_size, dtype))
-        self.solver = DEERSolver(jacobian_from_name(ns.jacobian))
+        self.step_fn = make_step_fn(MALA(), potential, jnp.asarray(step_size, dtype))
+        # no sweep: the sharded solver has none, so both solve alike
+        self.solver = DEERSolver(jacobian=ns.jacobian, sweep=0)
         self.key = np.asarray(jax.random.PRNGKey(ns.seed))
         self._compiled: dict = {}
 

@@ -1,6 +1,6 @@
 """DEERMALA against the sequential chain, stock MCMC, NUTS and BlackJAX MALA.
 
-Issue "Benchmarks on the H200". For each model of ``numpyro_deer.models``, in
+Issue "Benchmarks on the H200". For each model of ``benchmarks.models``, in
 one process:
 
 1. one DEERMALA warmup (``--warmup`` steps) through ``numpyro_deer.MCMC``;
@@ -50,7 +50,7 @@ from numpyro.infer.util import initialize_model  # noqa: E402
 
 import numpyro_deer  # noqa: E402
 from benchmarks import _setup, common  # noqa: E402
-from numpyro_deer.models import BENCHMARK_MODELS  # noqa: E402
+from benchmarks.models import BENCHMARK_MODELS  # noqa: E402
 
 DEER_EXTRA_FIELDS = ("newton_iterations", "deer_converged")
 
@@ -64,7 +64,7 @@ def parse_args(argv=None):
         "--models",
         nargs="+",
         default=list(BENCHMARK_MODELS),
-        help="names in numpyro_deer.models.BENCHMARK_MODELS",
+        help="names in benchmarks.models.BENCHMARK_MODELS",
     )
     parser.add_argument(
         "--draws",
@@ -78,7 +78,7 @@ def parse_args(argv=None):
         type=int,
         default=None,
         help="DEERMALA warmup steps (default: the model's num_warmup in "
-        "numpyro_deer.models.BENCHMARK_MODELS, 500 or 3,000)",
+        "benchmarks.models.BENCHMARK_MODELS, 500 or 3,000)",
     )
     parser.add_argument(
         "--block-size",

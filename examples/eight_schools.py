@@ -17,10 +17,26 @@ included (float32). For example::
 
 import argparse
 
+import jax.numpy as jnp
+import numpyro
+import numpyro.distributions as dist
 from _common import configure_jax, sample_and_report, sampler_parser
 
 from numpyro_deer import DEERMALA
-from numpyro_deer.models import eight_schools, make_eight_schools_data
+
+# estimated treatment effects and their standard errors
+Y = (28.0, 8.0, -3.0, 7.0, -1.0, 1.0, 18.0, 12.0)
+SIGMA = (15.0, 10.0, 16.0, 11.0, 9.0, 11.0, 10.0, 18.0)
+
+
+def eight_schools(sigma, y=None):
+    """Non-centred: ``theta = mu + tau * theta_tilde``, ``y ~ N(theta, sigma)``."""
+    mu = numpyro.sample("mu", dist.Normal(0.0, 5.0))
+    tau = numpyro.sample("tau", dist.HalfCauchy(5.0))
+    with numpyro.plate("schools", jnp.shape(sigma)[0]):
+        theta_tilde = numpyro.sample("theta_tilde", dist.Normal(0.0, 1.0))
+        theta = numpyro.deterministic("theta", mu + tau * theta_tilde)
+        numpyro.sample("y", dist.Normal(theta, sigma), obs=y)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -31,9 +47,8 @@ def parse_args(argv=None) -> argparse.Namespace:
 def main(args: argparse.Namespace) -> None:
     configure_jax(args)
 
-    (sigma,), data = make_eight_schools_data()
     kernel = DEERMALA(eight_schools, block_size=args.block_size, method=args.method)
-    sample_and_report(kernel, args, sigma, y=data["y"])
+    sample_and_report(kernel, args, jnp.asarray(SIGMA), y=jnp.asarray(Y))
 
 
 if __name__ == "__main__":

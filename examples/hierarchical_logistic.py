@@ -1,9 +1,7 @@
 """Hierarchical logistic regression with DEER-MALA.
 
-``numpyro_deer.models.hierarchical_logistic_regression``: non-centred varying
-intercepts per group with a group-level predictor (the shape of Gelman and
-Hill's radon model), on synthetic, unbalanced data from
-``make_hierarchical_logistic_data``. Sampled with
+Non-centred varying intercepts per group with a group-level predictor (the
+shape of Gelman and Hill's radon model), on synthetic, unbalanced data. Sampled with
 ``numpyro_deer.MCMC(DEERMALA(model))``; prints NumPyro's summary (deterministic
 sites left out) and what the Newton solver did. The defaults are a small
 problem that runs in about a minute on a 2-core CPU; the benchmark size is
@@ -24,6 +22,10 @@ For example::
 
 import argparse
 
+import jax.numpy as jnp
+import numpy as np
+import numpyro
+import numpyro.distributions as dist
 from _common import (
     add_tuning_options,
     configure_jax,
@@ -31,11 +33,40 @@ from _common import (
     sampler_parser,
 )
 
-from numpyro_deer import DEERMALA
-from numpyro_deer.models import (
-    hierarchical_logistic_regression,
-    make_hierarchical_logistic_data,
-)
+from numpyro_deer import DEERMALA, DEERSolver
+
+
+def hierarchical_logistic_regression(X, group, group_covariate, y=None):
+    """``a = mu_a + gamma * group_covariate + sigma_a * a_raw`` per group,
+    ``y[n] ~ Bernoulli(logits=a[group[n]] + X[n] @ beta)``."""
+    num_obs, num_features = jnp.shape(X)
+    mu_a = numpyro.sample("mu_a", dist.Normal(0.0, 1.0))
+    sigma_a = numpyro.sample("sigma_a", dist.HalfNormal(1.0))
+    gamma = numpyro.sample("gamma", dist.Normal(0.0, 1.0))
+    beta = numpyro.sample(
+        "beta", dist.Normal(0.0, 1.0).expand([num_features]).to_event(1)
+    )
+    with numpyro.plate("groups", jnp.shape(group_covariate)[0]):
+        a_raw = numpyro.sample("a_raw", dist.Normal(0.0, 1.0))
+        a = numpyro.deterministic("a", mu_a + gamma * group_covariate + sigma_a * a_raw)
+    with numpyro.plate("data", num_obs):
+        logits = a[group] + X @ beta
+        numpyro.sample("y", dist.Bernoulli(logits=logits), obs=y)
+
+
+def make_data(seed, num_obs, num_groups, num_features):
+    """Unbalanced groups (log-normal sizes, each at least one observation)."""
+    rng = np.random.default_rng(seed)
+    weights = rng.lognormal(0.0, 1.0, num_groups)
+    extra = rng.choice(num_groups, size=num_obs - num_groups, p=weights / weights.sum())
+    group = rng.permutation(np.concatenate([np.arange(num_groups), extra]))
+    X = rng.standard_normal((num_obs, num_features))
+    group_covariate = rng.standard_normal(num_groups)
+    a = -0.5 + 0.7 * group_covariate + 0.8 * rng.standard_normal(num_groups)
+    logits = a[group] + X @ (0.5 * rng.standard_normal(num_features))
+    y = rng.random(num_obs) < 1.0 / (1.0 + np.exp(-logits))
+    model_args = (jnp.asarray(X), jnp.asarray(group), jnp.asarray(group_covariate))
+    return model_args, jnp.asarray(y.astype(np.int32))
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -51,20 +82,19 @@ def parse_args(argv=None) -> argparse.Namespace:
 def main(args: argparse.Namespace) -> None:
     configure_jax(args)
 
-    model_args, data = make_hierarchical_logistic_data(
-        seed=args.data_seed,
-        num_obs=args.num_obs,
-        num_groups=args.num_groups,
-        num_features=args.num_features,
+    if args.num_obs < args.num_groups:
+        raise SystemExit("--num-obs must be at least --num-groups")
+    model_args, y = make_data(
+        args.data_seed, args.num_obs, args.num_groups, args.num_features
     )
     kernel = DEERMALA(
         hierarchical_logistic_regression,
         block_size=args.block_size,
-        gate=args.gate,
         dense_mass=args.dense_mass,
         method=args.method,
+        solver=DEERSolver(gate=args.gate),
     )
-    sample_and_report(kernel, args, *model_args, y=data["y"])
+    sample_and_report(kernel, args, *model_args, y=y)
 
 
 if __name__ == "__main__":

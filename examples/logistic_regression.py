@@ -1,9 +1,8 @@
 """Bayesian logistic regression with DEER-MALA.
 
-``numpyro_deer.models.logistic_regression`` (an intercept and a
-``N(0, I)`` weight vector, Bernoulli likelihood) on synthetic data from
-``make_logistic_regression_data``: ``--num-obs`` standard normal feature rows
-with ``--num-features`` features. Sampled with
+An intercept and a ``N(0, I)`` weight vector, Bernoulli likelihood, on
+synthetic data: ``--num-obs`` standard normal feature rows with
+``--num-features`` features. Sampled with
 ``numpyro_deer.MCMC(DEERMALA(model))``; prints NumPyro's summary and what the
 Newton solver did. The defaults are a small problem that runs in under a minute
 on a 2-core CPU; the benchmark size is ``--num-obs 1000 --num-features 24``.
@@ -18,6 +17,10 @@ For example::
 
 import argparse
 
+import jax.numpy as jnp
+import numpy as np
+import numpyro
+import numpyro.distributions as dist
 from _common import (
     add_tuning_options,
     configure_jax,
@@ -25,11 +28,28 @@ from _common import (
     sampler_parser,
 )
 
-from numpyro_deer import DEERMALA
-from numpyro_deer.models import (
-    logistic_regression,
-    make_logistic_regression_data,
-)
+from numpyro_deer import DEERMALA, DEERSolver
+
+
+def logistic_regression(X, y=None):
+    """``y[n] ~ Bernoulli(logits=intercept + X[n] @ weights)``."""
+    num_obs, num_features = jnp.shape(X)
+    intercept = numpyro.sample("intercept", dist.Normal(0.0, 1.0))
+    weights = numpyro.sample(
+        "weights", dist.Normal(0.0, 1.0).expand([num_features]).to_event(1)
+    )
+    with numpyro.plate("data", num_obs):
+        numpyro.sample("y", dist.Bernoulli(logits=intercept + X @ weights), obs=y)
+
+
+def make_data(seed, num_obs, num_features):
+    """Standard normal features, true logits with a standard deviation of ~2."""
+    rng = np.random.default_rng(seed)
+    X = rng.standard_normal((num_obs, num_features))
+    weights = rng.standard_normal(num_features) * 2.0 / np.sqrt(num_features)
+    logits = 0.5 + X @ weights
+    y = rng.random(num_obs) < 1.0 / (1.0 + np.exp(-logits))
+    return jnp.asarray(X), jnp.asarray(y.astype(np.int32))
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -44,17 +64,15 @@ def parse_args(argv=None) -> argparse.Namespace:
 def main(args: argparse.Namespace) -> None:
     configure_jax(args)
 
-    (X,), data = make_logistic_regression_data(
-        seed=args.data_seed, num_obs=args.num_obs, num_features=args.num_features
-    )
+    X, y = make_data(args.data_seed, args.num_obs, args.num_features)
     kernel = DEERMALA(
         logistic_regression,
         block_size=args.block_size,
-        gate=args.gate,
         dense_mass=args.dense_mass,
         method=args.method,
+        solver=DEERSolver(gate=args.gate),
     )
-    sample_and_report(kernel, args, X, y=data["y"])
+    sample_and_report(kernel, args, X, y=y)
 
 
 if __name__ == "__main__":

@@ -2,74 +2,79 @@
 
 The kernel :class:`DEERMALA` computes blocks of MALA transitions with parallel
 Newton iterations (DEER); :class:`MCMC` is a drop-in ``numpyro.infer.MCMC`` that
-advances a whole block per loop iteration. The pure-JAX core (taped MALA step,
-associative scans, Newton solver) is exported for use without NumPyro models.
+advances a whole block per loop iteration; :class:`DEERSolver` holds the
+settings of a block's solve. The pure-JAX pieces (the taped transitions, the
+Newton solver, the scans) are in :mod:`numpyro_deer.core`, which does not
+import NumPyro: the NumPyro layer is imported when one of its names is first
+used, so ``import numpyro_deer.core`` works without NumPyro installed.
 """
 
-from ._block import BlockBuffer as BlockBuffer
-from ._block import DEERMALAState as DEERMALAState
-from ._checks import UnsupportedModelError as UnsupportedModelError
-from ._checks import check_model as check_model
-from ._driver import MCMC as MCMC
-from ._driver import DEERConvergenceWarning as DEERConvergenceWarning
-from ._jacobian import DiagonalJacobian as DiagonalJacobian
-from ._jacobian import FullJacobian as FullJacobian
-from ._jacobian import Linearization as Linearization
-from ._jacobian import StochasticDiagonalJacobian as StochasticDiagonalJacobian
-from ._kernel import DEERMALA as DEERMALA
-from ._mala import HardGate as HardGate
-from ._mala import MALATape as MALATape
-from ._mala import SigmoidGate as SigmoidGate
-from ._mala import StepInfo as StepInfo
-from ._mala import finish_chain as finish_chain
-from ._mala import make_sequential_step as make_sequential_step
-from ._mala import make_step_fn as make_step_fn
-from ._mala import make_tape as make_tape
-from ._mala import mala_proposal_step as mala_proposal_step
-from ._mala import sequential_chain as sequential_chain
-from ._newton import DEERSolver as DEERSolver
-from ._newton import NewtonInfo as NewtonInfo
-from ._newton import deer_solve as deer_solve
-from ._newton import newton_iterates as newton_iterates
-from ._scan import scan_dense as scan_dense
-from ._scan import scan_diagonal as scan_diagonal
-from ._scan import scan_sequential as scan_sequential
-from ._sharded import sharded_deer_solve as sharded_deer_solve
-from ._sharded import time_mesh as time_mesh
-from ._sweep import SequentialStep as SequentialStep
+from importlib import import_module
+from typing import TYPE_CHECKING
+
+from .core.gates import HardGate, SigmoidGate
+from .core.jacobian import DiagonalJacobian, FullJacobian, StochasticDiagonalJacobian
+from .core.newton import DEERSolver
 
 __version__ = "0.1.0.dev0"
 
+# name -> module of the NumPyro layer that defines it (imported on first use)
+_NUMPYRO_LAYER = {
+    "DEERConvergenceError": ".infer.convergence",
+    "DEERConvergenceWarning": ".infer.convergence",
+    "DEERMALA": ".infer.mala",
+    "MCMC": ".infer.driver",
+    "UnsupportedModelError": ".infer.checks",
+    "check_model": ".infer.checks",
+}
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .infer.checks import UnsupportedModelError, check_model
+    from .infer.convergence import DEERConvergenceError, DEERConvergenceWarning
+    from .infer.driver import MCMC
+    from .infer.mala import DEERMALA
+
+
+def _public(obj):
+    """Show ``obj`` as ``numpyro_deer.<name>`` (in reprs, errors, the docs)."""
+    obj.__module__ = __name__
+    return obj
+
+
+for _obj in (
+    DEERSolver,
+    DiagonalJacobian,
+    FullJacobian,
+    HardGate,
+    SigmoidGate,
+    StochasticDiagonalJacobian,
+):
+    _public(_obj)
+
+
+def __getattr__(name: str):
+    if name in _NUMPYRO_LAYER:
+        value = _public(getattr(import_module(_NUMPYRO_LAYER[name], __name__), name))
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'numpyro_deer' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_NUMPYRO_LAYER))
+
+
 __all__ = [
-    "BlockBuffer",
+    "DEERConvergenceError",
     "DEERConvergenceWarning",
     "DEERMALA",
-    "DEERMALAState",
     "DEERSolver",
     "DiagonalJacobian",
     "FullJacobian",
     "HardGate",
-    "Linearization",
-    "MALATape",
     "MCMC",
-    "NewtonInfo",
-    "SequentialStep",
     "SigmoidGate",
-    "StepInfo",
     "StochasticDiagonalJacobian",
     "UnsupportedModelError",
     "check_model",
-    "deer_solve",
-    "finish_chain",
-    "make_sequential_step",
-    "make_step_fn",
-    "make_tape",
-    "mala_proposal_step",
-    "newton_iterates",
-    "scan_dense",
-    "scan_diagonal",
-    "scan_sequential",
-    "sequential_chain",
-    "sharded_deer_solve",
-    "time_mesh",
 ]

@@ -43,8 +43,8 @@ def stock_run():
     """
     from numpyro.infer import MCMC as StockMCMC
 
+    from benchmarks.models import gaussian_mean_model
     from numpyro_deer import DEERMALA
-    from numpyro_deer.models import gaussian_mean_model
 
     from .helpers import STOCK_RUN_CONFIG, gaussian_data
 

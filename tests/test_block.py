@@ -5,13 +5,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from numpyro_deer._block import (
-    _rotate,
-    block_points,
-    curvature_basis,
-    record_warmup_draw,
-)
-from numpyro_deer._mala import make_tape, sequential_chain
+from numpyro_deer.core import MALA, curvature_basis, make_tape, sequential_chain
+from numpyro_deer.infer.block import block_points, record_warmup_draw
 
 
 def _gaussian_potential(precision):
@@ -47,9 +42,10 @@ def test_rotated_chain_is_the_whitened_chain_rotated():
     w0 = jnp.asarray(rng.standard_normal(4))
     tape = make_tape(jax.random.PRNGKey(0), 50, 4, w0.dtype)
     basis = curvature_basis(potential, w0[None])
-    potential_u, tape_u = _rotate(potential, tape, basis)
-    w, info_w = sequential_chain(potential, w0, tape, 0.1)
-    u, info_u = sequential_chain(potential_u, basis.T @ w0, tape_u, 0.1)
+    potential_u = lambda u: potential(basis @ u)  # noqa: E731
+    tape_u = MALA().rotate_tape(tape, basis)
+    w, info_w = sequential_chain(MALA(), potential, w0, tape, 0.1)
+    u, info_u = sequential_chain(MALA(), potential_u, basis.T @ w0, tape_u, 0.1)
     np.testing.assert_allclose(u @ basis.T, w, atol=1e-12)
     np.testing.assert_array_equal(info_u.accepted, info_w.accepted)
 

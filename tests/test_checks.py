@@ -1,4 +1,4 @@
-"""Tests of model validation (``numpyro_deer._checks``).
+"""Tests of model validation (``numpyro_deer.infer.checks``).
 
 Each unsupported feature must raise `UnsupportedModelError` (a ``ValueError``)
 whose message names the site and says what to do instead.
@@ -14,14 +14,14 @@ import pytest
 from numpyro.handlers import trace
 from numpyro.infer.util import potential_energy
 
-from numpyro_deer import models
-from numpyro_deer._checks import (
+from benchmarks import models
+from benchmarks.models import BENCHMARK_MODELS
+from numpyro_deer.infer.checks import (
     UnsupportedModelError,
     check_model,
     check_potential_traceable,
     translate_tracer_errors,
 )
-from numpyro_deer.models import BENCHMARK_MODELS
 
 Y = jnp.array([0.3, -1.2, 0.8])
 

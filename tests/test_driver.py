@@ -9,8 +9,7 @@ import pytest
 from numpyro.infer import MCMC as StockMCMC
 from numpyro.infer import NUTS
 
-from numpyro_deer import DEERMALA, MCMC, DEERConvergenceWarning
-from numpyro_deer.models import (
+from benchmarks.models import (
     beta_bernoulli,
     beta_bernoulli_posterior,
     dirichlet_categorical,
@@ -20,6 +19,13 @@ from numpyro_deer.models import (
     make_beta_bernoulli_data,
     make_dirichlet_categorical_data,
     make_ill_conditioned_gaussian_data,
+)
+from numpyro_deer import (
+    DEERMALA,
+    MCMC,
+    DEERConvergenceError,
+    DEERConvergenceWarning,
+    DEERSolver,
 )
 
 from .helpers import STOCK_RUN_CONFIG, gaussian_data
@@ -127,27 +133,18 @@ def test_chain_methods(chain_method):
 
 
 def test_deer_and_sequential_methods_give_the_same_chain():
-    # the initial guess of the Newton solve changes the work, not the chain
+    # the solver's settings change the work, not the chain
     args, kwargs = gaussian_data(0.5)
     draws = []
-    for method, guess, jacobian, sweep, coupled in (
-        ("sequential", "start", "stochastic", 0, 0),
-        ("deer", "start", "stochastic", 0, 0),
-        ("deer", "previous", "stochastic", 0, 0),
-        ("deer", "start", "full", 0, 0),  # spectral-norm clipped by default
-        ("deer", "start", "stochastic", 4, 0),  # sequential segments first
-        ("deer", "previous", "stochastic", 0, 4),  # coupled segments as the guess
+    for method, jacobian, sweep in (
+        ("sequential", "stochastic", 0),
+        ("deer", "stochastic", 0),
+        ("deer", "full", 0),  # spectral-norm clipped by default
+        ("deer", "stochastic", 4),  # sequential segments first
     ):
+        solver = DEERSolver(jacobian=jacobian, sweep=sweep, atol=1e-12, rtol=1e-10)
         kernel = DEERMALA(
-            gaussian_mean_model,
-            block_size=64,
-            method=method,
-            initial_guess=guess,
-            jacobian=jacobian,
-            sweep=sweep,
-            coupled_segments=coupled,
-            atol=1e-12,
-            rtol=1e-10,
+            gaussian_mean_model, block_size=64, method=method, solver=solver
         )
         mcmc = MCMC(kernel, num_warmup=50, num_samples=256, progress_bar=False)
         mcmc.run(jax.random.PRNGKey(5), *args, **kwargs)
@@ -158,20 +155,13 @@ def test_deer_and_sequential_methods_give_the_same_chain():
 
 def test_vectorized_chains_with_the_sweep_are_the_sequential_chains():
     # chains solved together hold the sweep back by a traced step count
-    # (DEERSolver.vmapped) and run the coupled segments' passes until every
-    # chain's are done; the draws are each chain's sequential MALA chain
+    # (DEERSolver.vmapped); the draws are each chain's sequential MALA chain
     args, kwargs = gaussian_data(0.5)
     draws = []
-    for method, coupled in (("sequential", 0), ("deer", 0), ("deer", 4)):
+    for method in ("sequential", "deer"):
+        solver = DEERSolver(sweep=4, sweep_after=1, atol=1e-12, rtol=1e-10)
         kernel = DEERMALA(
-            gaussian_mean_model,
-            block_size=64,
-            method=method,
-            sweep=4,
-            sweep_after=1,
-            coupled_segments=coupled,
-            atol=1e-12,
-            rtol=1e-10,
+            gaussian_mean_model, block_size=64, method=method, solver=solver
         )
         mcmc = MCMC(
             kernel,
@@ -206,10 +196,8 @@ def test_hessian_basis_gives_the_same_chain_in_fewer_iterations():
             ill_conditioned_gaussian,
             block_size=128,
             method=method,
-            solve_basis=basis,
             adapt_mass_matrix=True,
-            atol=1e-12,
-            rtol=1e-10,
+            solver=DEERSolver(solve_basis=basis, atol=1e-12, rtol=1e-10),
         )
         mcmc = MCMC(kernel, num_warmup=100, num_samples=512, progress_bar=False)
         mcmc.run(
@@ -235,7 +223,8 @@ def test_hessian_basis_gives_the_same_chain_in_fewer_iterations():
 
 def test_unconverged_blocks_fall_back_and_warn():
     args, kwargs = gaussian_data(0.5)
-    kernel = DEERMALA(gaussian_mean_model, block_size=64, max_iter=2, max_solves=1)
+    solver = DEERSolver(max_iter=2, max_solves=1)
+    kernel = DEERMALA(gaussian_mean_model, block_size=64, solver=solver)
     mcmc = MCMC(kernel, num_warmup=50, num_samples=128, progress_bar=False)
     with pytest.warns(DEERConvergenceWarning, match="2 of 2 blocks"):
         mcmc.run(
@@ -261,6 +250,43 @@ def test_unconverged_blocks_fall_back_and_warn():
             DEERConvergenceWarning, match="num_warmup.*sweep=16.*simplefilter"
         ):
             mcmc.run(jax.random.PRNGKey(6), *args, **kwargs)
+
+
+def test_on_failure_warn_keeps_the_iterate_and_raise_stops():
+    args, kwargs = gaussian_data(0.5)
+    solver = DEERSolver(max_iter=1, max_solves=1)
+    reference = MCMC(
+        DEERMALA(gaussian_mean_model, block_size=64, method="sequential"),
+        num_warmup=50,
+        num_samples=128,
+        progress_bar=False,
+    )
+    reference.run(jax.random.PRNGKey(5), *args, **kwargs)
+    chain = np.asarray(reference.get_samples()["mu"])
+
+    kernel = DEERMALA(
+        gaussian_mean_model, block_size=64, solver=solver, on_failure="warn"
+    )
+    mcmc = MCMC(kernel, num_warmup=50, num_samples=128, progress_bar=False)
+    with pytest.warns(DEERConvergenceWarning, match="iteration limit.*NOT the chain"):
+        mcmc.run(jax.random.PRNGKey(5), *args, **kwargs)
+    draws = np.asarray(mcmc.get_samples()["mu"])
+    # one iteration makes the first step of the block exact; the rest of the
+    # block is the solve's iterate, not the chain (nor is the next block, which
+    # starts from its last state)
+    np.testing.assert_allclose(draws[0], chain[0], atol=1e-8)
+    assert np.max(np.abs(draws - chain)) > 1e-6
+
+    kernel = DEERMALA(
+        gaussian_mean_model, block_size=64, solver=solver, on_failure="raise"
+    )
+    mcmc = MCMC(kernel, num_warmup=50, num_samples=128, progress_bar=False)
+    with pytest.raises(DEERConvergenceError, match="iteration limit"):
+        mcmc.run(jax.random.PRNGKey(5), *args, **kwargs)
+    # under stock MCMC the error comes through JAX's runtime error
+    stock = StockMCMC(kernel, num_warmup=50, num_samples=128, progress_bar=False)
+    with pytest.raises(RuntimeError, match="DEERConvergenceError.*iteration limit"):
+        stock.run(jax.random.PRNGKey(5), *args, **kwargs)
 
 
 @pytest.mark.parametrize("jit_model_args", [False, True])
@@ -353,7 +379,7 @@ def test_normal_posterior_mean_and_std(warm_driver):
 
 def test_block_memory_is_checked_against_the_device(monkeypatch):
     """A block that needs more than the device has free fails before it runs."""
-    from numpyro_deer import _memory
+    from numpyro_deer.infer import memory as _memory
 
     with pytest.raises(ValueError, match="block_size=2 or smaller"):
         _memory.check_block_memory(10 * 2**30, 4 * 2**30, 8)
@@ -374,13 +400,13 @@ def test_block_memory_is_checked_against_the_device(monkeypatch):
 @pytest.mark.parametrize("chain_method", ["sequential", "vectorized"])
 def test_block_buffer_is_checked_before_init_allocates_it(monkeypatch, chain_method):
     """A buffer of draws larger than the free memory fails in ``init``, by name."""
-    from numpyro_deer import _memory
+    from numpyro_deer.infer import memory as _memory
 
     def no_buffer(*args, **kwargs):
         raise AssertionError("the buffer was allocated before the memory check")
 
     monkeypatch.setattr(_memory, "free_device_bytes", lambda device=None: 2048)
-    monkeypatch.setattr("numpyro_deer._kernel.empty_block", no_buffer)
+    monkeypatch.setattr("numpyro_deer.infer.kernel.empty_block", no_buffer)
     args, kwargs = gaussian_data(1.0)
     mcmc = _driver(
         num_warmup=10, num_samples=64, num_chains=2, chain_method=chain_method

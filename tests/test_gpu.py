@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 from numpyro.diagnostics import effective_sample_size
 
-from numpyro_deer import DEERMALA, MCMC
-from numpyro_deer._memory import free_device_bytes
-from numpyro_deer.models import BENCHMARK_MODELS
+from benchmarks.models import BENCHMARK_MODELS
+from numpyro_deer import DEERMALA, MCMC, DEERSolver
+from numpyro_deer.infer.memory import free_device_bytes
 
 pytestmark = [
     pytest.mark.gpu,
@@ -50,7 +50,7 @@ def _run(method, block_size, num_warmup, num_samples, **options):
 def test_deer_is_the_sequential_chain_on_the_gpu():
     """float64, tight tolerances: the same draws as the sequential scan."""
     runs = {
-        method: _run(method, 1024, 300, 4096, atol=1e-12, rtol=1e-10)
+        method: _run(method, 1024, 300, 4096, solver=DEERSolver(atol=1e-12, rtol=1e-10))
         for method in ("sequential", "deer")
     }
     deer = runs["deer"]

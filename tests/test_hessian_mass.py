@@ -6,18 +6,18 @@ import numpy as np
 import pytest
 from numpyro.infer.hmc_util import warmup_adapter
 
-from numpyro_deer import DEERMALA, MCMC
-from numpyro_deer._hessian_mass import (
+from benchmarks.models import (
+    ill_conditioned_covariance,
+    ill_conditioned_gaussian,
+    make_ill_conditioned_gaussian_data,
+)
+from numpyro_deer import DEERMALA, MCMC, DEERSolver
+from numpyro_deer.infer.hessian_mass import (
     EIGENVALUE_FLOOR,
     MAX_HESSIAN_DIM,
     hessian_inverse_mass,
     hessian_window_end,
     resolve_mass_adaptation,
-)
-from numpyro_deer.models import (
-    ill_conditioned_covariance,
-    ill_conditioned_gaussian,
-    make_ill_conditioned_gaussian_data,
 )
 
 
@@ -110,8 +110,7 @@ def gaussian_runs():
             block_size=256,
             method=method,
             adapt_mass_matrix="hessian",
-            atol=1e-12,
-            rtol=1e-10,
+            solver=DEERSolver(atol=1e-12, rtol=1e-10),
         )
         mcmc = MCMC(kernel, num_warmup=300, num_samples=1024, progress_bar=False)
         mcmc.run(

@@ -5,6 +5,7 @@ the warmup step, a DEER solve and its sequential fallback), so runs are shared
 through module-scoped fixtures and kept small.
 """
 
+import inspect
 import pickle
 
 import jax
@@ -13,8 +14,16 @@ import numpy as np
 import pytest
 from numpyro.infer import MCMC as StockMCMC
 
-from numpyro_deer import DEERMALA
-from numpyro_deer.models import gaussian_mean_model
+from benchmarks.models import gaussian_mean_model
+from numpyro_deer import (
+    DEERMALA,
+    DEERSolver,
+    DiagonalJacobian,
+    FullJacobian,
+    HardGate,
+    SigmoidGate,
+    StochasticDiagonalJacobian,
+)
 
 from .helpers import gaussian_data as _gaussian_data
 
@@ -123,17 +132,9 @@ def test_potential_fn_path_needs_init_params():
         ({"block_size": 0}, "block_size"),
         ({"step_size": -1.0}, "step_size"),
         ({"target_accept_prob": 1.5}, "target_accept_prob"),
-        ({"jacobian": "newton"}, "jacobian"),
-        ({"gate": "soft"}, "gate"),
         ({"method": "fast"}, "method"),
         ({"dense_mass": [("a",)]}, "dense_mass"),
-        ({"damping": 1.0}, "damping"),
-        ({"initial_guess": "zeros"}, "initial_guess"),
-        ({"solve_basis": "pca"}, "solve_basis"),
         ({"adapt_mass_matrix": "hessain"}, "adapt_mass_matrix='hessain'"),
-        ({"sweep": -1}, "sweep"),
-        ({"sweep": 4, "sweep_segments": 0}, "segments"),
-        ({"coupled_segments": -1}, "coupled_segments"),
     ],
 )
 def test_bad_arguments_are_named(kwargs, match):
@@ -141,39 +142,40 @@ def test_bad_arguments_are_named(kwargs, match):
         DEERMALA(gaussian_mean_model, **kwargs)
 
 
-def test_clip_bounds_the_diagonal_and_the_dense_jacobian():
-    from numpyro_deer import DiagonalJacobian, FullJacobian
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"jacobian": "newton"}, "jacobian='newton' is not a Jacobian strategy"),
+        ({"gate": "soft"}, "gate='soft' is not a gate"),
+        ({"solve_basis": "pca"}, "solve_basis='pca'"),
+        ({"sweep": -1}, "sweep=-1"),
+        ({"max_iter": 0}, "max_iter=0"),
+    ],
+)
+def test_bad_solver_settings_are_named(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        DEERSolver(**kwargs)
 
-    def strategy(**kwargs):
-        return DEERMALA(gaussian_mean_model, **kwargs).solver.jacobian
 
-    assert strategy(jacobian="full") == FullJacobian(clip=1.0)
-    assert strategy(jacobian="full", clip=None) == FullJacobian()
-    assert strategy(jacobian="diag", clip=0.5) == DiagonalJacobian(clip=0.5)
-    assert strategy(jacobian=FullJacobian(), clip=0.5) == FullJacobian()
+def test_one_set_of_defaults():
+    # the kernel's solver is DEERSolver(), whose strategy owns its settings
+    kernel = DEERMALA(gaussian_mean_model)
+    assert kernel.solver == DEERSolver()
+    assert kernel.solver.jacobian == StochasticDiagonalJacobian(num_probes=1, clip=1.0)
+    assert kernel.solver.gate == HardGate()
+    assert (kernel.solver.sweep, kernel.solver.sweep_after) == (8, 20)
+    assert (kernel.solver.max_iter, kernel.solver.max_solves) == (100, 3)
+    assert kernel.on_failure == "sequential"
+    # strings name the strategies with their own defaults (clip 1.0 throughout)
+    assert DEERSolver(jacobian="full").jacobian == FullJacobian(clip=1.0)
+    assert DEERSolver(jacobian="diag").jacobian == DiagonalJacobian(clip=1.0)
+    assert DEERSolver(gate="sigmoid").gate == SigmoidGate(temperature=1.0)
+
+
+def test_signature_is_small():
+    assert len(inspect.signature(DEERMALA).parameters) <= 16
 
 
 def test_model_and_potential_are_exclusive():
     with pytest.raises(ValueError, match="exactly one"):
         DEERMALA()
-
-
-def test_previous_guess_before_any_block_is_the_start():
-    # After warmup the buffer still holds the point the kernel was initialised
-    # at, not a block of draws: "previous" must then start from the state, as
-    # "start" does, and only later blocks use the previous block's draws.
-    from numpyro_deer._block import empty_block
-
-    args, kwargs = _gaussian_data(0.5)
-    infos = {}
-    for guess in ("start", "previous"):
-        kernel = DEERMALA(gaussian_mean_model, block_size=BLOCK, initial_guess=guess)
-        state = kernel.init(jax.random.PRNGKey(0), 0, {"mu": 0.3}, args, kwargs)
-        empty = empty_block(BLOCK, jnp.zeros(1), state.rng_key)
-        far = jnp.full((BLOCK, 1), 40.0, state.potential_energy.dtype)
-        state = state._replace(block=empty._replace(z=far))
-        first = kernel.block_refill(state, args, kwargs)
-        infos[guess] = first.block.info
-    start, previous = infos["start"], infos["previous"]
-    # with the far buffer as its guess this block took 26 iterations, not 25
-    np.testing.assert_array_equal(jax.tree.leaves(previous), jax.tree.leaves(start))

@@ -16,7 +16,8 @@ import pytest
 from numpy.testing import assert_allclose, assert_array_equal
 from scipy.stats import multivariate_normal
 
-from numpyro_deer import (
+from numpyro_deer.core import (
+    MALA,
     HardGate,
     MALATape,
     SigmoidGate,
@@ -115,7 +116,7 @@ def batch():
 def _batched_step(mass, gate=HARD):
     """The jitted, vmapped step for a mass in ``MASSES`` (built once)."""
     m = None if MASSES[mass] is None else jnp.asarray(MASSES[mass])
-    return jax.jit(jax.vmap(make_step_fn(potential_jnp, STEP_SIZE, m, gate)))
+    return jax.jit(jax.vmap(make_step_fn(MALA(), potential_jnp, STEP_SIZE, m, gate)))
 
 
 _make_tape = jax.jit(make_tape, static_argnums=(1, 2, 3))
@@ -184,7 +185,9 @@ def test_sequential_chain_matches_numpy_chain(mass):
     tape = _make_tape(jax.random.PRNGKey(5), T, D, jnp.float64)
     x0 = np.array([1.0, -1.0, 0.5, 2.0])
     m = None if mass_sqrt is None else jnp.asarray(mass_sqrt)
-    states, infos = sequential_chain(potential_jnp, jnp.asarray(x0), tape, 0.25, m)
+    states, infos = sequential_chain(
+        MALA(), potential_jnp, jnp.asarray(x0), tape, 0.25, m
+    )
     assert states.shape == (T, D)
     assert infos.accepted.shape == (T,)
 
@@ -209,14 +212,14 @@ def test_finish_chain_keeps_the_head_and_completes_the_chain(start):
     T = 40
     tape = _make_tape(jax.random.PRNGKey(6), T, D, jnp.float64)
     x0 = jnp.asarray([1.0, -1.0, 0.5, 2.0])
-    ref_states, ref_infos = sequential_chain(potential_jnp, x0, tape, 0.25)
+    ref_states, ref_infos = sequential_chain(MALA(), potential_jnp, x0, tape, 0.25)
     # a head that is the chain, and a tail that is not (as after a partial solve)
     states = ref_states.at[start:].set(7.0)
     infos = jax.tree.map(
         lambda a: a.at[start:].set(jnp.zeros_like(a[start:])), ref_infos
     )
     done, done_infos = finish_chain(
-        potential_jnp, x0, tape, 0.25, states, infos, jnp.asarray(start)
+        MALA(), potential_jnp, x0, tape, 0.25, states, infos, jnp.asarray(start)
     )
     assert_array_equal(np.asarray(done[:start]), np.asarray(ref_states[:start]))
     assert_allclose(np.asarray(done), np.asarray(ref_states), rtol=1e-12, atol=1e-12)
@@ -247,7 +250,7 @@ def test_nonfinite_proposal_is_a_diverging_rejection(fill, gate):
     xs = rng.uniform(-0.6, 0.6, (N, D))
     tape = _make_tape(jax.random.PRNGKey(8), N, D, jnp.float64)
     potential = box_potential(fill)
-    step_fn = make_step_fn(potential, eps, gate=gate)
+    step_fn = make_step_fn(MALA(), potential, eps, gate=gate)
     x_new, info = jax.jit(jax.vmap(step_fn))(jnp.asarray(xs), tape)
     x_new = np.asarray(x_new)
     diverging = np.asarray(info.diverging)
@@ -298,7 +301,7 @@ def test_forward_value_does_not_depend_on_gate(batch, temperature):
 def _jvp_fn(mass, gate):
     """Jitted ``(xs, tape, v) -> (f(xs), J v)`` over a batch (built once)."""
     m = None if MASSES[mass] is None else jnp.asarray(MASSES[mass])
-    step_fn = make_step_fn(potential_jnp, STEP_SIZE, m, gate)
+    step_fn = make_step_fn(MALA(), potential_jnp, STEP_SIZE, m, gate)
 
     def one(x, tape_t, d):
         (x_new, _), (dx_new, _) = jax.jvp(lambda s: step_fn(s, tape_t), (x,), (d,))

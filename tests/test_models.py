@@ -1,4 +1,4 @@
-"""Tests of the shared models in ``numpyro_deer.models``."""
+"""Tests of the shared models in ``benchmarks.models``."""
 
 import jax
 import jax.numpy as jnp
@@ -9,8 +9,8 @@ from numpyro.diagnostics import effective_sample_size
 from numpyro.infer import MCMC, NUTS
 from numpyro.infer.util import initialize_model
 
-from numpyro_deer import models
-from numpyro_deer.models import BENCHMARK_MODELS
+from benchmarks import models
+from benchmarks.models import BENCHMARK_MODELS
 
 BENCHMARK_NAMES = sorted(BENCHMARK_MODELS)
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -21,7 +22,9 @@ import numpy as np
 import pytest
 from numpy.testing import assert_allclose, assert_array_equal
 
-from numpyro_deer import (
+from numpyro_deer.core import (
+    MALA,
+    RESULTS,
     DEERSolver,
     DiagonalJacobian,
     FullJacobian,
@@ -44,8 +47,8 @@ MAX_ITER = 2 * B
 MATCH = dict(rtol=0.0, atol=1e-8)  # DEER block vs sequential block
 
 STRATEGIES = {
-    "full": FullJacobian(),
-    "diag": DiagonalJacobian(),
+    "full": FullJacobian(clip=None),
+    "diag": DiagonalJacobian(clip=None),
     "stoch2": StochasticDiagonalJacobian(num_probes=2),
 }
 GATES = {"hard": HardGate(), "sigmoid": SigmoidGate(1.0)}
@@ -116,7 +119,9 @@ class Target:
         return np.concatenate([self.x0[None], self.seq_states[:-1]])
 
     def step_fn(self, gate_name="hard"):
-        return make_step_fn(self.potential, self.step_size, gate=GATES[gate_name])
+        return make_step_fn(
+            MALA(), self.potential, self.step_size, gate=GATES[gate_name]
+        )
 
 
 # step sizes chosen for an acceptance rate of about 0.8 (asserted below)
@@ -132,7 +137,7 @@ def _build_target(name, seed):
     potential, extra = make()
     x0 = 0.5 * np.random.default_rng(seed).standard_normal(dim)
     tape = make_tape(jax.random.PRNGKey(seed), B, dim, jnp.float64)
-    seq = _jit(sequential_chain, static_argnums=0)
+    seq = _jit(functools.partial(sequential_chain, MALA()), static_argnums=0)
     states, info = seq(potential, jnp.asarray(x0), tape, step_size)
     return Target(
         name,
@@ -165,7 +170,10 @@ def _run(fn, target, key=0):
 
 
 def _solver(strategy, **options):
-    options = {"atol": ATOL, "rtol": RTOL, "max_iter": MAX_ITER, **options}
+    # no sweep unless a test asks for one (then from the first iteration): the
+    # tests count plain Newton iterations
+    defaults = {"max_iter": MAX_ITER, "sweep": 0, "sweep_after": 0}
+    options = {"atol": ATOL, "rtol": RTOL, **defaults, **options}
     return DEERSolver(strategy, **options)
 
 
@@ -189,7 +197,7 @@ def residual_bound(states):
 
 @functools.cache
 def _step_values_fn(potential, step_size):
-    return _jit(jax.vmap(make_step_fn(potential, step_size)))
+    return _jit(jax.vmap(make_step_fn(MALA(), potential, step_size)))
 
 
 def step_values(target, states):
@@ -254,7 +262,7 @@ def test_deer_block_certificate(targets, solved, target_name, strategy_name, gat
 
     assert bool(info.converged)
     assert int(info.front) == B
-    assert not bool(info.nonfinite)
+    assert int(info.result) != RESULTS.nonfinite
     assert int(info.solves) == 1
     assert 1 <= int(info.iterations) <= B + 1
     assert 0.0 <= float(info.residual) <= bound
@@ -276,7 +284,7 @@ def test_first_k_states_exact_after_k_iterations(targets, strategy_name, gate_na
     # so this is the exactness of Newton itself, not of the stopping rule.
     target = targets["logreg"]
     step_fn = target.step_fn(gate_name)
-    solver = DEERSolver(STRATEGIES[strategy_name], atol=0.0, rtol=0.0)
+    solver = DEERSolver(STRATEGIES[strategy_name], atol=0.0, rtol=0.0, sweep=0)
     iterates = _jit(
         lambda x0, tape, key: newton_iterates(step_fn, x0, tape, key, PREFIX_K, solver)
     )(jnp.asarray(target.x0), target.tape, jax.random.PRNGKey(0))
@@ -299,8 +307,8 @@ def test_hutchinson_error_decreases_with_probes(targets):
     key = jax.random.PRNGKey(42)
 
     strategies = {
-        "exact": DiagonalJacobian(),
-        "full": FullJacobian(),
+        "exact": DiagonalJacobian(clip=None),
+        "full": FullJacobian(clip=None),
         **{
             f"probes{p}": StochasticDiagonalJacobian(num_probes=p, clip=None)
             for p in (1, 8, 64)
@@ -347,8 +355,8 @@ def test_linearizations_match_jacfwd(targets):
 
     def all_of_them(p, t, k):
         jac = jax.vmap(jax.jacfwd(lambda x, t_: step_fn(x, t_)[0]))(p, t)
-        full = FullJacobian().linearize(step_fn, p, t, k)
-        diag = DiagonalJacobian().linearize(step_fn, p, t, k)
+        full = FullJacobian(clip=None).linearize(step_fn, p, t, k)
+        diag = DiagonalJacobian(clip=None).linearize(step_fn, p, t, k)
         return jac, full, diag
 
     jac, full, diag = jax.tree.map(np.asarray, _jit(all_of_them)(prev, tape, key))
@@ -374,7 +382,7 @@ def test_clipped_full_jacobian_is_bounded_and_still_exact(targets):
     def three(p, t, k):
         return tuple(
             strategy.linearize(step_fn, p, t, k).jacobian
-            for strategy in (FullJacobian(), clipped, FullJacobian(clip=2.0))
+            for strategy in (FullJacobian(clip=None), clipped, FullJacobian(clip=2.0))
         )
 
     exact, scaled, loose = map(np.asarray, _jit(three)(prev, tape, key))
@@ -398,7 +406,7 @@ def test_clipped_full_jacobian_is_bounded_and_still_exact(targets):
 def test_initial_guess_changes_iterations_not_the_chain(targets):
     # the sequential chain itself is the best guess: one iteration certifies it
     target = targets["logreg"]
-    solver = _solver(DiagonalJacobian())
+    solver = _solver(DiagonalJacobian(clip=None))
     step_fn = target.step_fn()
 
     @_jit
@@ -417,16 +425,16 @@ def test_initial_guess_changes_iterations_not_the_chain(targets):
             assert int(info.iterations) > 1
 
 
-# ---------------------------------------------------------- restarts and windows
+# ------------------------------------------------------------------ restarts
 def test_restarts_with_small_max_iter_still_converge(targets):
     target = targets["logreg"]
-    solver = _solver(DiagonalJacobian(), max_iter=3, max_solves=B)
+    solver = _solver(DiagonalJacobian(clip=None), max_iter=3, max_solves=B)
     states, aux, info = _run(_jitted_solve(target.step_fn(), solver), target)
 
     assert bool(info.converged)
     assert int(info.solves) > 1
     assert int(info.iterations) <= 3 * int(info.solves)
-    assert not bool(info.nonfinite)
+    assert int(info.result) != RESULTS.nonfinite
     assert_allclose(states, target.seq_states, **MATCH)
     assert_array_equal(aux.accepted, target.seq_info.accepted)
     assert float(info.residual) <= residual_bound(states)
@@ -434,10 +442,12 @@ def test_restarts_with_small_max_iter_still_converge(targets):
 
 def test_unfinished_block_reports_its_exact_prefix(targets):
     target = targets["logreg"]
-    solver = _solver(DiagonalJacobian(), max_iter=3, max_solves=1)
+    solver = _solver(DiagonalJacobian(clip=None), max_iter=3, max_solves=1)
     states, _, info = _run(_jitted_solve(target.step_fn(), solver), target)
 
     assert not bool(info.converged)
+    assert int(info.result) == RESULTS.max_iterations_reached
+    assert "iteration limit" in RESULTS.message(info.result)
     assert int(info.iterations) == 3
     assert int(info.solves) == 1
     front = int(info.front)
@@ -447,26 +457,12 @@ def test_unfinished_block_reports_its_exact_prefix(targets):
     assert np.max(np.abs(states[front:] - target.seq_states[front:])) > 1e-6
 
 
-def test_windowed_solve_equals_sequential(targets):
-    target = targets["corr_gauss"]
-    solver = _solver(DiagonalJacobian(), window=32, max_iter=4 * B)
-    states, aux, info = _run(_jitted_solve(target.step_fn(), solver), target)
-
-    assert bool(info.converged)
-    assert int(info.front) == B
-    assert_allclose(states, target.seq_states, **MATCH)
-    assert_array_equal(aux.accepted, target.seq_info.accepted)
-    assert float(info.residual) <= residual_bound(states)
-    true_residual = np.max(np.abs(states - step_values(target, states)))
-    assert true_residual <= residual_bound(states)
-
-
 # ------------------------------------------------------------------------ sweeps
 SWEEP = 8
 
 
 def test_sweep_starts_are_past_the_front_then_local_fronts():
-    from numpyro_deer._sweep import sweep_starts
+    from numpyro_deer.core.sweep import sweep_starts
 
     # steps 0-2 pass (front 3), 3-4 fail, 5-6 pass, 7 fails, 8 passes, 9 fails
     passed = jnp.array([1, 1, 1, 0, 0, 1, 1, 0, 1, 0], bool)
@@ -482,7 +478,8 @@ def test_sweep_starts_are_past_the_front_then_local_fronts():
 @pytest.mark.parametrize("passes", [None, 3])
 def test_sweep_segments_are_sequential_and_stop_at_the_next_start(passes):
     # passes=None: a static loop of 5 steps; passes=3: a traced step count
-    from numpyro_deer._sweep import plain_sequential_step, sweep_segments
+    from numpyro_deer.core import plain_sequential_step
+    from numpyro_deer.core.sweep import sweep_segments
 
     def step_fn(x, tape_t):  # s_t = 2 s_{t-1} + c_t
         return 2.0 * x + tape_t, None
@@ -512,8 +509,8 @@ def test_sweep_segments_are_sequential_and_stop_at_the_next_start(passes):
 def test_sweep_keeps_the_chain_and_moves_the_front_by_sweep_plus_one(targets):
     target = targets["logreg"]
     step_fn = target.step_fn()
-    plain = _solver(DiagonalJacobian(), max_iter=3, max_solves=1)
-    swept = _solver(DiagonalJacobian(), max_iter=3, max_solves=1, sweep=SWEEP)
+    plain = _solver(DiagonalJacobian(clip=None), max_iter=3, max_solves=1)
+    swept = _solver(DiagonalJacobian(clip=None), max_iter=3, max_solves=1, sweep=SWEEP)
     _, _, info_plain = _run(_jitted_solve(step_fn, plain), target)
     states, _, info = _run(_jitted_solve(step_fn, swept), target)
 
@@ -532,14 +529,18 @@ def test_sweep_after_holds_the_sweep_back(targets):
     fronts = {}
     for after in (0, 1, 3):
         solver = _solver(
-            DiagonalJacobian(), max_iter=3, max_solves=1, sweep=SWEEP, sweep_after=after
+            DiagonalJacobian(clip=None),
+            max_iter=3,
+            max_solves=1,
+            sweep=SWEEP,
+            sweep_after=after,
         )
         states, _, info = _run(_jitted_solve(step_fn, solver), target)
         fronts[after] = int(info.front)
         assert_allclose(
             states[: fronts[after]], target.seq_states[: fronts[after]], **MATCH
         )
-    plain = _solver(DiagonalJacobian(), max_iter=3, max_solves=1)
+    plain = _solver(DiagonalJacobian(clip=None), max_iter=3, max_solves=1)
     assert fronts[3] == int(_run(_jitted_solve(step_fn, plain), target)[2].front)
     assert fronts[1] >= 2 * (SWEEP + 1)
     assert fronts[0] > fronts[1] > fronts[3]
@@ -551,7 +552,9 @@ def test_vmapped_solves_with_a_held_back_sweep_are_each_chain(targets, vmapped):
     # under vmap (vmapped=False), or the sweep's step count is traced and
     # differs between the chains (vmapped=True)
     target = targets["corr_gauss"]
-    solver = _solver(DiagonalJacobian(), sweep=SWEEP, sweep_after=2, vmapped=vmapped)
+    solver = _solver(
+        DiagonalJacobian(clip=None), sweep=SWEEP, sweep_after=2, vmapped=vmapped
+    )
     step_fn = target.step_fn()
     x0s = jnp.stack([jnp.asarray(target.x0), -2.0 * jnp.asarray(target.x0)])
     solve = _jit(
@@ -560,7 +563,10 @@ def test_vmapped_solves_with_a_held_back_sweep_are_each_chain(targets, vmapped):
         )
     )
     states, _, info = solve(x0s, jax.random.split(jax.random.PRNGKey(4), 2))
-    seq = _jit(jax.vmap(sequential_chain, (None, 0, None, None)), static_argnums=0)
+    seq = _jit(
+        jax.vmap(functools.partial(sequential_chain, MALA()), (None, 0, None, None)),
+        static_argnums=0,
+    )
     expected, _ = seq(target.potential, x0s, target.tape, target.step_size)
 
     assert np.all(np.asarray(info.converged))
@@ -570,10 +576,10 @@ def test_vmapped_solves_with_a_held_back_sweep_are_each_chain(targets, vmapped):
 def test_carried_sequential_step_is_the_chain(targets):
     # make_sequential_step carries U(x) and its gradient: one gradient a step,
     # the same chain as the step function
-    from numpyro_deer import make_sequential_step
+    from numpyro_deer.core import make_sequential_step
 
     target = targets["logreg"]
-    sequential = make_sequential_step(target.potential, target.step_size)
+    sequential = make_sequential_step(MALA(), target.potential, target.step_size)
 
     @_jit
     def run(x0, tape):
@@ -585,7 +591,7 @@ def test_carried_sequential_step_is_the_chain(targets):
     states = np.asarray(run(jnp.asarray(target.x0), target.tape))
     assert_allclose(states, target.seq_states, rtol=0, atol=1e-12)
 
-    solver = _solver(DiagonalJacobian(), sweep=SWEEP)
+    solver = _solver(DiagonalJacobian(clip=None), sweep=SWEEP)
     solve = _jit(
         lambda x0, tape, key: deer_solve(
             target.step_fn(), x0, tape, key, solver, sequential=sequential
@@ -596,18 +602,17 @@ def test_carried_sequential_step_is_the_chain(targets):
     assert_allclose(states, target.seq_states, **MATCH)
 
 
-@pytest.mark.parametrize("window", [None, 32])
-def test_swept_solve_equals_sequential_even_at_zero_tolerance(targets, window):
+def test_swept_solve_equals_sequential_even_at_zero_tolerance(targets):
     # zero tolerances: a step freezes only when reproduced bit for bit, so a
     # sweep that undid the exact F_t at the front would stall the solve
     target = targets["corr_gauss"]
     solver = DEERSolver(
-        DiagonalJacobian(),
+        DiagonalJacobian(clip=None),
         atol=0.0,
         rtol=0.0,
         max_iter=2 * B,
         sweep=SWEEP,
-        window=window,
+        sweep_after=0,
     )
     states, aux, info = _run(_jitted_solve(target.step_fn(), solver), target)
 
@@ -618,91 +623,22 @@ def test_swept_solve_equals_sequential_even_at_zero_tolerance(targets, window):
     assert_array_equal(aux.accepted, target.seq_info.accepted)
 
 
-# -------------------------------------------------------------- coupled segments
-def test_coupled_segments_meet_the_chain_in_two_passes(targets):
-    # std_normal contracts by about half per accepted step: four segments of
-    # 64 steps started from x0 all meet the chain (to float64 rounding) within
-    # their length, so pass 2 starts every segment from the chain's own state,
-    # pass 2 leaves the starts where they were, and the guess is the chain: the
-    # Newton solve only certifies it
-    target = targets["std_normal"]
-    solver = _solver(DiagonalJacobian(), coupled_segments=4)
-    states, _, info = _run(_jitted_solve(target.step_fn(), solver), target)
-
-    assert int(info.segment_passes) == 2
-    assert int(info.iterations) == 1
-    assert bool(info.converged)
-    assert_allclose(states, target.seq_states, **MATCH)
-
-
-def test_uncoupled_segments_stop_at_the_cap_and_keep_the_chain(targets):
-    # corr_gauss's slowest direction contracts by 1 % per step: segments of 64
-    # steps do not meet the chain, the passes run to the cap, and the Newton
-    # solve still returns the sequential chain
-    target = targets["corr_gauss"]
-    solver = _solver(DiagonalJacobian(), coupled_segments=4, coupled_passes=3)
-    states, aux, info = _run(_jitted_solve(target.step_fn(), solver), target)
-
-    assert int(info.segment_passes) == 3
-    assert int(info.iterations) > 1
-    assert bool(info.converged)
-    assert_allclose(states, target.seq_states, **MATCH)
-    assert_array_equal(aux.accepted, target.seq_info.accepted)
-
-
-def test_a_decision_the_segments_get_wrong_is_repaired(targets):
-    # the segments' sequential step takes the other accept decision at one
-    # step (what float32 rounding can do near a threshold); the coupling
-    # passes settle on that wrong path, the repair pass restarts the segments
-    # from that step's tested value, and the Newton solve only certifies
-    from numpyro_deer._sweep import SequentialStep, plain_sequential_step
-
-    target = targets["std_normal"]
-    step_fn = target.step_fn()
-    wrong_at = 100 + int(np.argmax(target.seq_info.accepted[100:]))
-    marked = target.tape.log_u[wrong_at]
-    exact = plain_sequential_step(step_fn)
-
-    def step(x, tape_t):
-        x_new, _ = exact.step(x, tape_t)
-        x_new = jnp.where(tape_t.log_u == marked, x, x_new)  # reject instead
-        return x_new, x_new
-
-    solver = _solver(DiagonalJacobian(), coupled_segments=4)
-    solve = _jit(
-        lambda x0, tape, key: deer_solve(
-            step_fn, x0, tape, key, solver, sequential=SequentialStep(exact.init, step)
-        )
-    )
-    states, _, info = _run(solve, target)
-
-    assert int(info.segment_passes) == 3  # two coupling passes, one repair
-    assert int(info.iterations) == 1
-    assert_allclose(states, target.seq_states, **MATCH)
-
-
-def test_without_coupled_segments_no_passes_are_reported(targets, solved):
-    _, _, info = solved("logreg", "diag", "hard")
-    assert int(info.segment_passes) == 0
-
-
 # -------------------------------------------------------------------- validation
 @pytest.mark.parametrize(
     "build, name",
     [
         (lambda: DEERSolver(max_iter=0), "max_iter"),
         (lambda: DEERSolver(max_solves=0), "max_solves"),
-        (lambda: DEERSolver(damping=1.0), "damping"),
-        (lambda: DEERSolver(damping=-0.1), "damping"),
-        (lambda: DEERSolver(window=0), "window"),
         (lambda: DEERSolver(sweep=-1), "sweep"),
         (lambda: DEERSolver(sweep=2.5), "sweep"),
-        (lambda: DEERSolver(sweep=4, segments=0), "segments"),
         (lambda: DEERSolver(sweep=4, sweep_after=-1), "sweep_after"),
-        (lambda: DEERSolver(coupled_segments=-1), "coupled_segments"),
-        (lambda: DEERSolver(coupled_segments=4, coupled_passes=0), "coupled_passes"),
         (lambda: DEERSolver(atol=-1e-6), "atol"),
         (lambda: DEERSolver(rtol=-1e-6), "rtol"),
+        (lambda: DEERSolver(solve_basis="eigen"), "solve_basis"),
+        (lambda: DEERSolver(jacobian="dense"), "jacobian"),
+        (lambda: DEERSolver(jacobian=None), "jacobian"),
+        (lambda: DEERSolver(gate=5), "gate"),
+        (lambda: StochasticDiagonalJacobian(clip=float("inf")), "clip"),
         (lambda: StochasticDiagonalJacobian(num_probes=0), "num_probes"),
         (lambda: StochasticDiagonalJacobian(clip=0.0), "clip"),
         (lambda: DiagonalJacobian(clip=-1.0), "clip"),
@@ -760,7 +696,7 @@ def nan_chains():
     out = {}
     for case, (potential, x0, step_size, num_steps, seed) in NAN_CASES.items():
         tape = make_tape(jax.random.PRNGKey(seed), num_steps, x0.shape[0], jnp.float64)
-        seq = _jit(sequential_chain, static_argnums=0)
+        seq = _jit(functools.partial(sequential_chain, MALA()), static_argnums=0)
         states, info = seq(potential, jnp.asarray(x0), tape, step_size)
         out[case] = (tape, np.asarray(states), jax.tree.map(np.asarray, info))
     return out
@@ -769,7 +705,7 @@ def nan_chains():
 def _solve_nan_case(nan_chains, case, strategy_name, gate_name):
     potential, x0, step_size, _, _ = NAN_CASES[case]
     tape = nan_chains[case][0]
-    step_fn = make_step_fn(potential, step_size, gate=GATES[gate_name])
+    step_fn = make_step_fn(MALA(), potential, step_size, gate=GATES[gate_name])
     fn = _jitted_solve(step_fn, _solver(STRATEGIES[strategy_name]))
     states, aux, info = fn(jnp.asarray(x0), tape, jax.random.PRNGKey(0))
     return np.asarray(states), jax.tree.map(np.asarray, aux), info
@@ -791,7 +727,7 @@ def test_all_proposals_nan_block_stays_at_x0(nan_chains, strategy_name, gate_nam
     assert_array_equal(aux.accept_prob, 0.0)
     assert_array_equal(aux.potential_energy, 0.5 * np.sum(NAN_X0**2))
     assert bool(info.converged)
-    assert not bool(info.nonfinite)
+    assert int(info.result) != RESULTS.nonfinite
     assert float(info.residual) == 0.0
 
 
@@ -809,7 +745,7 @@ def test_nan_region_block_equals_sequential(nan_chains, strategy_name, gate_name
         nan_chains, "nan_region", strategy_name, gate_name
     )
     assert bool(info.converged)
-    assert not bool(info.nonfinite)
+    assert int(info.result) != RESULTS.nonfinite
     assert_allclose(states, seq_states, **MATCH)
     assert_array_equal(aux.accepted, seq_info.accepted)
     assert_array_equal(aux.diverging, seq_info.diverging)
@@ -825,7 +761,9 @@ def test_jit_traces_once_for_two_tapes_of_the_same_shape():
         return 0.5 * jnp.sum(x**2)
 
     dim, num_steps, step_size = 5, 64, 0.5
-    fn = _jitted_solve(make_step_fn(potential, step_size), _solver(DiagonalJacobian()))
+    fn = _jitted_solve(
+        make_step_fn(MALA(), potential, step_size), _solver(DiagonalJacobian(clip=None))
+    )
     x0 = jnp.full((dim,), 0.3)
     tape_a = make_tape(jax.random.PRNGKey(1), num_steps, dim, jnp.float64)
     tape_b = make_tape(jax.random.PRNGKey(2), num_steps, dim, jnp.float64)
@@ -840,7 +778,7 @@ def test_jit_traces_once_for_two_tapes_of_the_same_shape():
     assert bool(info_a.converged) and bool(info_b.converged)
     assert np.max(np.abs(np.asarray(states_a) - np.asarray(states_b))) > 0.1
     # the second call really used the second tape
-    seq = _jit(sequential_chain, static_argnums=0)
+    seq = _jit(functools.partial(sequential_chain, MALA()), static_argnums=0)
     seq_b, _ = seq(potential, x0, tape_b, step_size)
     assert_allclose(np.asarray(states_b), np.asarray(seq_b), **MATCH)
     seq_c, _ = seq(potential, -x0, tape_a, step_size)
@@ -850,7 +788,7 @@ def test_jit_traces_once_for_two_tapes_of_the_same_shape():
 def test_nonfinite_newton_rows_take_the_fixed_point_update():
     """Rows of an overflowing Newton update fall back to ``F_t``, or keep the
     current state where ``F_t`` is not finite either; finite rows are kept."""
-    from numpyro_deer._newton import finite_or_fixed_point
+    from numpyro_deer.core.certificate import finite_or_fixed_point
 
     new = jnp.array([[1.0, 2.0], [jnp.inf, 0.0], [jnp.nan, 1.0], [3.0, 4.0]])
     values = jnp.array([[9.0, 9.0], [5.0, 6.0], [jnp.nan, 0.0], [9.0, 9.0]])
@@ -859,3 +797,44 @@ def test_nonfinite_newton_rows_take_the_fixed_point_update():
     np.testing.assert_array_equal(
         np.asarray(out), [[1.0, 2.0], [5.0, 6.0], [7.0, 8.0], [3.0, 4.0]]
     )
+
+
+# ------------------------------------------------------------------ result codes
+class _FakeCarry(NamedTuple):
+    front: jax.Array
+    iteration: jax.Array
+    residual: jax.Array
+    nonfinite: jax.Array
+
+
+@pytest.mark.parametrize(
+    "advance, nonfinite_at, expected",
+    [
+        (1, None, RESULTS.successful),
+        (0, None, RESULTS.no_progress),
+        (1, 2, RESULTS.nonfinite),
+    ],
+)
+def test_solve_loop_says_why_it_stopped(advance, nonfinite_at, expected):
+    # a stand-in iteration: the front moves by `advance` per iteration, and
+    # the iterate turns non-finite at iteration `nonfinite_at`
+    from numpyro_deer.core.newton import solve_loop
+
+    def iteration(c):
+        bad = c.nonfinite | (
+            nonfinite_at is not None and c.iteration + 1 == nonfinite_at
+        )
+        return c._replace(
+            front=c.front + advance, iteration=c.iteration + 1, nonfinite=bad
+        )
+
+    zero = jnp.zeros((), jnp.int32)
+    carry = _FakeCarry(zero, zero, jnp.zeros(()), jnp.zeros((), bool))
+    _, info = solve_loop(iteration, carry, 10, DEERSolver(max_iter=4, max_solves=3))
+    assert int(info.result) == expected
+    assert bool(info.converged) == (expected == RESULTS.successful)
+    assert RESULTS.message(info.result).split(":")[0] in {
+        "converged",
+        "no progress",
+        "non-finite",
+    }

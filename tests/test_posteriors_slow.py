@@ -12,8 +12,8 @@ from numpyro.diagnostics import effective_sample_size
 from numpyro.infer import MCMC as StockMCMC
 from numpyro.infer import NUTS
 
+from benchmarks.models import BENCHMARK_MODELS
 from numpyro_deer import DEERMALA, MCMC
-from numpyro_deer.models import BENCHMARK_MODELS
 
 pytestmark = pytest.mark.slow
 

@@ -14,8 +14,15 @@ import numpyro.distributions as dist
 import pytest
 from numpyro.infer import MCMC as StockMCMC
 
-from numpyro_deer import DEERMALA, MCMC, DEERConvergenceWarning, UnsupportedModelError
-from numpyro_deer.models import gaussian_mean_model
+from benchmarks.models import gaussian_mean_model
+from numpyro_deer import (
+    DEERMALA,
+    MCMC,
+    DEERConvergenceWarning,
+    DEERSolver,
+    StochasticDiagonalJacobian,
+    UnsupportedModelError,
+)
 
 from .helpers import gaussian_data
 
@@ -99,7 +106,7 @@ def test_post_warmup_state_from_another_block_size(sizes):
 
 # ------------------------------------------------- the loop's progress guard
 def test_block_loop_without_progress_raises(monkeypatch):
-    import numpyro_deer._driver as driver
+    import numpyro_deer.infer.driver as driver
 
     monkeypatch.setattr(driver, "max_block_steps", lambda total, size: 1)
     args, kwargs = gaussian_data(2.0)
@@ -145,7 +152,8 @@ def test_vectorized_hessian_warmup_does_not_hang():
 
 # -------------------------------------- 5: non-convergence always surfaces
 def _unconverged_kernel():
-    return DEERMALA(gaussian_mean_model, block_size=32, max_iter=1, max_solves=1)
+    solver = DEERSolver(max_iter=1, max_solves=1)
+    return DEERMALA(gaussian_mean_model, block_size=32, solver=solver)
 
 
 def test_parallel_chains_warn_about_unconverged_blocks():
@@ -191,7 +199,7 @@ def test_stock_mcmc_warns_about_unconverged_blocks():
 )
 def test_tolerances_that_cannot_certify_a_step_are_rejected(options, name):
     with pytest.raises(ValueError, match=rf"{name}=.*use a number in \[0, 0.01\]"):
-        DEERMALA(gaussian_mean_model, **options)
+        DEERSolver(**options)
 
 
 # ------------------------------------------------- 7: clear, early errors
@@ -199,19 +207,33 @@ def test_tolerances_that_cannot_certify_a_step_are_rejected(options, name):
     ("options", "match"),
     [
         ({"block_size": True}, "block_size=True: use an integer"),
-        ({"jacobian": None}, "jacobian=None is not a Jacobian strategy: use 'stoch"),
-        ({"jacobian": 5}, "jacobian=5 is not a Jacobian strategy"),
-        ({"gate": None}, "gate=None is not a gate treatment: use 'hard'"),
-        ({"gate": 5}, "gate=5 is not a gate treatment"),
         ({"step_size": math.inf}, "step_size=inf: use a finite positive"),
-        ({"clip": math.inf}, "clip=inf: use a finite positive number, or None"),
-        ({"matmul_precision": "bogus"}, "matmul_precision='bogus': use one of"),
         ({"adapt_step_size": "no"}, "adapt_step_size='no': use True or False"),
+        ({"solver": {"sweep": 16}}, "solver=.*pass a DEERSolver"),
+        ({"on_failure": "ignore"}, "on_failure='ignore': use 'sequential'"),
     ],
 )
 def test_bad_options_are_rejected_at_construction(options, match):
     with pytest.raises(ValueError, match=match):
         DEERMALA(gaussian_mean_model, **options)
+
+
+@pytest.mark.parametrize(
+    ("build", "match"),
+    [
+        (lambda: DEERSolver(jacobian=None), "jacobian=None is not a Jacobian strat"),
+        (lambda: DEERSolver(jacobian=5), "jacobian=5 is not a Jacobian strategy"),
+        (lambda: DEERSolver(gate=None), "gate=None is not a gate treatment: use"),
+        (lambda: DEERSolver(gate=5), "gate=5 is not a gate treatment"),
+        (
+            lambda: StochasticDiagonalJacobian(clip=math.inf),
+            r"clip=inf\): use a finite positive number, or None",
+        ),
+    ],
+)
+def test_bad_solver_settings_are_rejected_at_construction(build, match):
+    with pytest.raises(ValueError, match=match):
+        build()
 
 
 def test_numpy_integer_block_size_is_accepted():
@@ -266,7 +288,7 @@ def test_integer_init_params_are_taken_as_floats():
 def test_batched_hessian_window_end_matches_the_mapped_chains(monkeypatch):
     """The accelerator path (chains batched, one window-end cond for all)
     computes the chains the CPU path (chains mapped) does."""
-    import numpyro_deer._kernel as kernel_module
+    import numpyro_deer.infer.kernel as kernel_module
 
     def run():
         kernel = DEERMALA(four_normals, block_size=16, adapt_mass_matrix="hessian")
@@ -282,5 +304,5 @@ def test_batched_hessian_window_end_matches_the_mapped_chains(monkeypatch):
         return mcmc.get_samples()["x"]
 
     mapped = run()
-    monkeypatch.setattr(kernel_module, "_on_cpu", lambda: False)
+    monkeypatch.setattr(kernel_module, "on_cpu", lambda: False)
     np.testing.assert_allclose(run(), mapped, rtol=1e-7, atol=1e-9)

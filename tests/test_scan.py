@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from numpy.testing import assert_allclose, assert_array_equal
 
-from numpyro_deer import scan_dense, scan_diagonal, scan_sequential
+from numpyro_deer.core import scan_dense, scan_diagonal, scan_sequential
 
 TOL = dict(rtol=1e-12, atol=1e-12)
 

@@ -5,8 +5,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from numpyro_deer._mala import make_step_fn, make_tape
-from numpyro_deer._warmup import MAX_STEP_SIZE_SEARCH, find_reasonable_step_size
+from numpyro_deer.core import MALA, make_step_fn, make_tape
+from numpyro_deer.infer.warmup import MAX_STEP_SIZE_SEARCH, find_reasonable_step_size
 
 D = 10
 TARGET = 0.8
@@ -19,7 +19,9 @@ def _potential(x):
 def _acceptance(eps, x, key):
     """One MALA step's acceptance probability on the tape the search draws."""
     tape = jax.tree.map(lambda v: v[0], make_tape(key, 1, D, x.dtype))
-    return float(make_step_fn(_potential, eps, jnp.ones(D))(x, tape)[1].accept_prob)
+    return float(
+        make_step_fn(MALA(), _potential, eps, jnp.ones(D))(x, tape)[1].accept_prob
+    )
 
 
 @pytest.mark.parametrize("start", [1e-4, 50.0], ids=["grows", "shrinks"])

@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 from numpyro.diagnostics import effective_sample_size
 
+from benchmarks.models import BENCHMARK_MODELS
 from numpyro_deer import DEERMALA, MCMC
-from numpyro_deer.models import BENCHMARK_MODELS
 
 pytestmark = pytest.mark.slow
 

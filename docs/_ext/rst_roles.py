@@ -7,7 +7,7 @@ mkdocstrings renders docstrings as Markdown, where those show up verbatim. This
 extension rewrites them before rendering, without touching the package:
 
 * a role naming a public object of ``numpyro_deer`` (``numpyro_deer.X``,
-  ``numpyro_deer.models.X`` or a bare public name) becomes a cross-reference to
+  ``numpyro_deer.core.X`` or a bare public name) becomes a cross-reference to
   its entry in the API reference; any other role becomes inline code;
 * ``:math:`...``` becomes ``$...$`` and a ``.. math::`` block becomes a
   ``$$...$$`` block (``aligned`` when it has ``&``), for pymdownx.arithmatex.
@@ -32,7 +32,7 @@ _MATH_BLOCK = re.compile(
 )
 
 # Pages and objects that the API reference documents (see docs/api.md).
-_DOCUMENTED_MODULES = ("numpyro_deer", "numpyro_deer.models")
+_DOCUMENTED_MODULES = ("numpyro_deer", "numpyro_deer.core")
 
 
 class RstRoles(griffe.Extension):
@@ -59,11 +59,14 @@ class RstRoles(griffe.Extension):
         public = self._public_names(loader)
         module, _, name = path.rpartition(".")
         if not module:
-            return f"numpyro_deer.{name}" if name in public["numpyro_deer"] else None
+            for documented in _DOCUMENTED_MODULES:
+                if name in public[documented]:
+                    return f"{documented}.{name}"
+            return None
         if module in public and name in public[module]:
             return path
-        if path == "numpyro_deer.models":
-            return path
+        if module == "numpyro_deer" and name in public["numpyro_deer.core"]:
+            return f"numpyro_deer.core.{name}"
         return None
 
     def _rewrite(self, text: str, loader: griffe.GriffeLoader) -> str:

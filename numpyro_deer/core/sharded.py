@@ -1,6 +1,6 @@
 r"""DEER with one block's time axis sharded over several devices.
 
-:func:`~numpyro_deer.deer_solve` puts the whole block of ``T`` steps on one
+:func:`~numpyro_deer.core.deer_solve` puts the whole block of ``T`` steps on one
 device. :func:`sharded_deer_solve` splits the time axis over the ``n`` devices
 of a one-dimensional :class:`jax.sharding.Mesh`: device ``d`` holds the steps
 ``d L + 1 .. (d + 1) L`` (``L = T / n``) and runs, inside
@@ -19,12 +19,13 @@ of a one-dimensional :class:`jax.sharding.Mesh`: device ``d`` holds the steps
    certificate (the largest residual of the newly frozen steps) is reduced
    with :func:`jax.lax.pmax`. Frozen steps map to themselves
    (``A = 0, b = s_t``) and the first unfrozen step is ``F_t`` exactly, as in
-   :func:`~numpyro_deer._newton._newton_iteration`, so the front grows by at
+   :func:`~numpyro_deer.core.deer_solve`, so the front grows by at
    least one step per iteration and the first ``k`` states are exact after
    ``k`` iterations.
-4. **Linear step.** The affine recursion ``s_t = A_t s_{t-1} + b_t`` is solved
-   in two levels. Each device scans its slice from a zero incoming state
-   (:func:`scan_diagonal` / :func:`scan_dense`, as in ``deer_solve``), giving
+4. **Linear step.** The strategy's own Newton step (``newton_step``, the one
+   ``deer_solve`` uses) with a two-level scan of the affine recursion
+   ``s_t = A_t s_{t-1} + b_t``. Each device scans its slice from a zero
+   incoming state (the strategy's scan, as in ``deer_solve``), giving
    ``c_t``; its whole slice is the affine map ``(P, c_L)`` with
    ``P = A_L ... A_1``. These ``n`` maps are all-gathered and scanned over the
    devices, which gives each device its incoming state ``s_in`` (the end state
@@ -38,14 +39,10 @@ iteration, whatever ``T``, in six small collectives; the work per device is
 that of a block of ``L`` steps with two scans instead of one, plus a scan of
 length ``n``.
 
-The whole block is solved at every iteration (``solver.window`` is ignored: a
-window that follows the front would leave the devices behind it idle), and
-``solver.sweep`` and ``solver.coupled_segments`` are ignored too (no
-sequential segments: the iteration counts are those of ``sweep=0``; the chain
-is the same).
-Everything else -- tolerances, ``max_iter``, ``max_solves``, ``damping``,
-:class:`~numpyro_deer.NewtonInfo` -- is that of
-:func:`~numpyro_deer.deer_solve`.
+``solver.sweep`` is ignored (no sequential segments: the iteration counts are
+those of ``sweep=0``; the chain is the same). Everything else -- tolerances,
+``max_iter``, ``max_solves``, :class:`~numpyro_deer.core.NewtonInfo` and its
+result code -- is that of :func:`~numpyro_deer.core.deer_solve`.
 
 The same function runs on several hosts: after :func:`jax.distributed.initialize`
 :func:`jax.devices` lists the devices of all processes and :func:`time_mesh`
@@ -54,6 +51,7 @@ builds the global mesh (see ``docs/scaling.md``).
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any, NamedTuple
 
 import jax
@@ -62,10 +60,10 @@ import numpy as np
 from jax import Array
 from jax.sharding import Mesh, PartitionSpec
 
-from ._certificate import leading_passed, step_passes
-from ._jacobian import StepFn
-from ._newton import DEERSolver, NewtonInfo, finite_or_fixed_point, solve_loop
-from ._scan import scan_dense, scan_diagonal
+from .certificate import leading_passed, step_passes, where_rows
+from .jacobian import JacobianStrategy
+from .newton import DEERSolver, NewtonInfo, solve_loop
+from .transition import StepFn
 
 try:  # jax >= 0.6.1
     _shard_map_fn = jax.shard_map
@@ -118,37 +116,29 @@ class _Carry(NamedTuple):
     nonfinite: Array
 
 
-def _compose_all(dense: bool, A: Array) -> Array:
-    """``A_L ... A_1``: the transition of the whole slice."""
-    if not dense:
-        return jnp.prod(A, axis=0)
-    # pairwise batched products, log2(L) levels; a later step multiplies on the left
-    while A.shape[0] > 1:
-        if A.shape[0] % 2:
-            A = jnp.concatenate([A, jnp.eye(A.shape[-1], dtype=A.dtype)[None]])
-        A = jnp.einsum("tij,tjk->tik", A[1::2], A[0::2])
-    return A[0]
-
-
 def _sharded_affine_scan(
-    dense: bool, A: Array, b: Array, axis_name: str, device: Array, num_devices: int
+    strategy: JacobianStrategy,
+    axis_name: str,
+    device: Array,
+    num_devices: int,
+    A: Array,
+    b: Array,
 ) -> Array:
     """The recursion ``s_t = A_t s_{t-1} + b_t`` (``s_0 = 0``) over all devices."""
-    scan = scan_dense if dense else scan_diagonal
     # The slice's states from a zero incoming state; the same scan as deer_solve.
-    local = scan(A, b)
+    local = strategy.scan(A, b)
     if num_devices == 1:
         return local
-    totals_A = jax.lax.all_gather(_compose_all(dense, A), axis_name)  # (n, D[, D])
+    totals_A = jax.lax.all_gather(strategy.compose(A), axis_name)  # (n, D[, D])
     totals_b = jax.lax.all_gather(local[-1], axis_name)  # (n, D)
-    ends = scan(totals_A, totals_b)  # the state at the end of each device's slice
+    ends = strategy.scan(totals_A, totals_b)  # the end state of each slice
     incoming = jnp.concatenate([jnp.zeros_like(ends[:1]), ends[:-1]])[device]
     # Add the response to the incoming state, s_t += A_t ... A_1 s_in, with a
     # second scan of the same kind. (Returning every prefix product A_t ... A_1
     # from one scan is the same arithmetic, but XLA fused that scan into a single
     # kernel that ran 3x slower than the whole unsharded iteration on an H200.)
-    first = (A[0] @ incoming) if dense else A[0] * incoming
-    return local + scan(A, jnp.zeros_like(b).at[0].set(first))
+    first = strategy.matvec(A[0], incoming)
+    return local + strategy.scan(A, jnp.zeros_like(b).at[0].set(first))
 
 
 def _sharded_iteration(
@@ -166,7 +156,6 @@ def _sharded_iteration(
     num_steps = local_steps * num_devices
     device = jax.lax.axis_index(axis_name)
     atol, rtol = solver.tolerances(carry.states.dtype)
-    dense = solver.jacobian.structure == "dense"
     index = device * local_steps + jnp.arange(local_steps)  # global t - 1
 
     cur = carry.states
@@ -191,26 +180,13 @@ def _sharded_iteration(
     newly = (index >= carry.front) & (index < front)
     local_residual = jnp.max(jnp.where(newly, jnp.max(error, axis=-1), 0.0))
     residual = jnp.maximum(carry.residual, jax.lax.pmax(local_residual, axis_name))
-    aux = jax.tree.map(
-        lambda new, old: jnp.where(
-            newly.reshape((-1,) + (1,) * (new.ndim - 1)), new, old
-        ),
-        lin.aux,
-        carry.aux,
+    aux = where_rows(newly, lin.aux, carry.aux)
+    scan = partial(
+        _sharded_affine_scan, solver.jacobian, axis_name, device, num_devices
     )
-
-    # Linear step. Frozen steps map to their own value (A = 0, b = s_t); the
-    # first unfrozen step starts from a frozen predecessor, so it is F_t exactly.
-    J = lin.jacobian * (1.0 - solver.damping)
-    if dense:
-        offset = values - jnp.einsum("tij,tj->ti", J, prev)
-    else:
-        offset = values - J * prev
-    fixed = (index <= front)[:, None]
-    b = jnp.where(index[:, None] < front, cur, jnp.where(fixed, values, offset))
-    A = jnp.where(fixed[..., None] if dense else fixed, 0.0, J)
-    new_cur = _sharded_affine_scan(dense, A, b, axis_name, device, num_devices)
-    new_cur = finite_or_fixed_point(new_cur, values, cur)
+    new_cur = solver.jacobian.newton_step(
+        lin, prev, cur, index < front, index <= front, scan
+    )
 
     local_bad = ~jnp.all(jnp.isfinite(new_cur))
     bad = jax.lax.pmax(local_bad.astype(jnp.int32), axis_name) > 0
@@ -257,14 +233,13 @@ def sharded_deer_solve(
 ) -> tuple[Array, Any, NewtonInfo]:
     """Solve a block of ``T`` taped steps in parallel, its time axis over a mesh.
 
-    The contract is that of :func:`~numpyro_deer.deer_solve`: the same result
+    The contract is that of :func:`~numpyro_deer.core.deer_solve`: the same result
     (the same chain, up to the certified tolerance), the same
-    :class:`~numpyro_deer.NewtonInfo` (front, certificate, ``converged``,
-    ``nonfinite``), the same ``max_iter`` / ``max_solves`` loop. A stochastic
+    :class:`~numpyro_deer.core.NewtonInfo` (front, certificate, result
+    code), the same ``max_iter`` / ``max_solves`` loop. A stochastic
     Jacobian draws other probes than the unsharded solve, so the iteration
-    counts may differ; the chain does not. ``solver.window``,
-    ``solver.sweep`` and ``solver.coupled_segments`` are ignored (the whole
-    block is solved at every iteration, with no sequential segments).
+    counts may differ; the chain does not. ``solver.sweep`` is ignored (no
+    sequential segments).
 
     Call it under :func:`jax.jit`; the returned ``states`` and ``aux`` are
     sharded along the time axis, the ``info`` fields are replicated.
@@ -282,7 +257,7 @@ def sharded_deer_solve(
         init_states: initial guess ``(T, D)``; default ``x0`` repeated.
 
     Returns:
-        ``(states, aux, info)`` as for :func:`~numpyro_deer.deer_solve`. Only
+        ``(states, aux, info)`` as for :func:`~numpyro_deer.core.deer_solve`. Only
         ``states[:front]`` is exact when ``info.converged`` is false.
 
     Raises:

@@ -26,16 +26,18 @@ import jax
 import jax.numpy as jnp
 from jax import Array
 
-from ._hessian_mass import MAX_HESSIAN_DIM, mean_hessian_eigh
-from ._mala import (
-    Gate,
+from ..core.hessian import curvature_basis
+from ..core.mala import MALA
+from ..core.metric import mass_matrix_sqrt, mul_sqrt, solve_sqrt, whiten
+from ..core.newton import RESULTS, DEERSolver, NewtonInfo, deer_solve, no_solve_info
+from ..core.transition import (
+    Transition,
     finish_chain,
     make_sequential_step,
     make_step_fn,
-    make_tape,
     sequential_chain,
 )
-from ._newton import DEERSolver, NewtonInfo, deer_solve
+from .hessian_mass import MAX_HESSIAN_DIM
 
 
 class BlockBuffer(NamedTuple):
@@ -80,7 +82,8 @@ class DEERMALAState(NamedTuple):
             (0 in warmup).
         deer_converged: whether that block's DEER solve passed; ``False`` means
             the block was finished sequentially from the solve's front (draws
-            still the chain).
+            still the chain) or, with ``on_failure="warn"``, kept as the
+            solve left it. ``block.info.result`` says why it stopped.
         adapt_state: NumPyro's ``HMCAdaptState`` (step size, mass matrix).
         rng_key: random key.
         block: the buffer of the current block (internal).
@@ -139,72 +142,10 @@ def key_bits(rng_key: Array) -> Array:
     return rng_key
 
 
-def mass_matrix_sqrt(inverse_mass_matrix: Array) -> Array:
-    """``L`` with ``L L^T`` the inverse mass matrix (diagonal or dense)."""
-    if inverse_mass_matrix.ndim == 1:
-        return jnp.sqrt(inverse_mass_matrix)
-    return jnp.linalg.cholesky(inverse_mass_matrix)
-
-
-def _whiten(potential_flat: Callable[[Array], Array], mass_sqrt: Array):
-    """Potential of ``w = L^{-1} x`` and the map back to ``x``."""
-
-    def to_x(w):
-        return mass_sqrt * w if mass_sqrt.ndim == 1 else mass_sqrt @ w
-
-    def potential_w(w):
-        return potential_flat(to_x(w))
-
-    return potential_w, to_x
-
-
-def _to_w(mass_sqrt: Array, x: Array) -> Array:
-    if mass_sqrt.ndim == 1:
-        return x / mass_sqrt
-    return jax.scipy.linalg.solve_triangular(mass_sqrt, x, lower=True)
-
-
-def curvature_basis(potential_w: Callable[[Array], Array], points: Array) -> Array:
-    r"""Orthogonal ``Q`` whose columns are the eigenvectors of the mean Hessian.
-
-    ``H = mean_k \nabla^2 U_w(w_k)`` over ``points`` (shape ``(K, D)``), in the
-    whitened coordinates. A MALA step's Jacobian is ``I - eps H(w)`` where it
-    accepts, so in ``u = Q^T w`` it is diagonal wherever ``H(w)`` is close to
-    the mean, and a diagonal Jacobian estimate loses little. A non-finite
-    Hessian gives ``Q = I`` (the whitened basis).
-    """
-    _, basis, finite = mean_hessian_eigh(potential_w, points)
-    return jnp.where(finite, basis, jnp.eye(points.shape[-1], dtype=points.dtype))
-
-
-def _rotate(potential_w, tape, basis):
-    """The potential and tape of ``u = Q^T w``: the same chain, rotated.
-
-    MALA with the identity preconditioner commutes with a rotation: with the
-    noise ``Q^T xi_t`` the chain of ``u`` is ``Q^T`` times the chain of ``w``
-    (Roberts and Stramer, 2002), so the solve may run in either basis.
-    """
-
-    def potential_u(u):
-        return potential_w(basis @ u)
-
-    return potential_u, tape._replace(noise=tape.noise @ basis)
-
-
-def _no_solve_info(dtype) -> NewtonInfo:
-    """The report of a block computed without a Newton solve (none yet, or
-    sequentially): no iterations, nothing failed."""
-    int_zero = jnp.zeros((), jnp.int32)
-    false = jnp.zeros((), bool)
-    return NewtonInfo(
-        int_zero, int_zero, ~false, int_zero, jnp.zeros((), dtype), false, int_zero
-    )
-
-
 def empty_block(block_size: int, z_flat: Array, rng_key: Array) -> BlockBuffer:
     """A buffer with nothing left to hand out (``index == B``)."""
     zeros = jnp.zeros((block_size,), z_flat.dtype)
-    info = _no_solve_info(z_flat.dtype)
+    info = no_solve_info(z_flat.dtype)
     return BlockBuffer(
         z=jnp.zeros((block_size,) + z_flat.shape, z_flat.dtype),
         potential_energy=zeros,
@@ -230,68 +171,71 @@ def refill_block(
     state: DEERMALAState,
     potential_flat: Callable[[Array], Array],
     ravel: Callable[[Any], Array],
-    solver: DEERSolver | None,
-    gate: Gate,
-    initial_guess: str = "start",
-    solve_basis: str = "auto",
+    solver: DEERSolver,
+    method: str = "deer",
+    on_failure: str = "sequential",
+    transition: Transition = MALA(),
 ) -> DEERMALAState:
     """Solve the next block from ``state.z`` with a fresh tape; ``index = 0``.
 
-    ``solver=None`` computes the block with the sequential scan of the same
-    tape (the reference, and a user-selectable method). ``initial_guess`` is
-    the Newton iterate the solve starts from: ``"start"`` repeats ``state.z``
-    for every step, ``"previous"`` takes the previous block's draws (a path
-    through the typical set) once a solve has filled the buffer, and the start
-    before that. The guess changes only the iteration count, never the chain.
+    ``method="sequential"`` computes the block with the sequential scan of the
+    same tape (the reference, and a user-selectable method). A DEER solve that
+    does not converge is finished sequentially from its front (the states
+    before it are certified, the rest recomputed with the same tape), except
+    with ``on_failure="warn"``, which keeps the solve's last iterate unless it
+    turned non-finite. The block is
+    solved in the whitened coordinates ``w = L^{-1} x``, rotated to the mean
+    Hessian's eigenbasis when ``solver.solve_basis`` says so (both methods use
+    the same basis, so they compute the same chain).
     """
     block_size = state.block.z.shape[0]
     rng_key, key_tape, key_probe = jax.random.split(state.rng_key, 3)
     adapt = state.adapt_state
+    step_size = adapt.step_size
     mass_sqrt = mass_matrix_sqrt(adapt.inverse_mass_matrix)
-    potential_w, to_x = _whiten(potential_flat, mass_sqrt)
-    w0 = _to_w(mass_sqrt, ravel(state.z))
-    rows_to_w = jax.vmap(lambda x: _to_w(mass_sqrt, x))
-    tape = make_tape(key_tape, block_size, w0.shape[0], w0.dtype)
+    potential_w = whiten(potential_flat, mass_sqrt)
+    w0 = solve_sqrt(mass_sqrt, ravel(state.z))
+    tape = transition.make_tape(key_tape, block_size, w0.shape[0], w0.dtype)
 
-    # the solve basis: the whitened coordinates, or their rotation to the
-    # Hessian eigenbasis (both methods use it, so they compute the same chain)
+    solve_basis = solver.solve_basis
     if solve_basis == "auto":
         solve_basis = "hessian" if w0.shape[0] <= MAX_HESSIAN_DIM else "whitened"
     if solve_basis == "hessian":
-        basis = curvature_basis(potential_w, rows_to_w(state.curvature_points))
-        potential_u, tape_u = _rotate(potential_w, tape, basis)
+        points = jax.vmap(lambda x: solve_sqrt(mass_sqrt, x))(state.curvature_points)
+        basis = curvature_basis(potential_w, points)
+        potential_u = lambda u: potential_w(basis @ u)  # noqa: E731
+        tape_u = transition.rotate_tape(tape, basis)
         u0 = basis.T @ w0
     else:
         basis, potential_u, tape_u, u0 = None, potential_w, tape, w0
 
-    if solver is None:
-        u, step_info = sequential_chain(potential_u, u0, tape_u, adapt.step_size)
-        info = _no_solve_info(w0.dtype)
+    if method == "sequential":
+        u, step_info = sequential_chain(transition, potential_u, u0, tape_u, step_size)
+        info = no_solve_info(w0.dtype)
     else:
-        step_fn = make_step_fn(potential_u, adapt.step_size, None, gate)
-        guess = None
-        if initial_guess == "previous":
-            # a buffer no solve has filled (after init and warmup) holds no
-            # draws: start from the state then, as "start" does
-            filled = state.block.info.solves > 0
-            guess = jnp.where(filled, rows_to_w(state.block.z), w0)
-            guess = guess if basis is None else guess @ basis
-        sequential = make_sequential_step(potential_u, adapt.step_size, None, gate)
-        u, step_info, info = deer_solve(
-            step_fn, u0, tape_u, key_probe, solver, guess, sequential
+        gate = solver.gate
+        step_fn = make_step_fn(transition, potential_u, step_size, None, gate)
+        sequential = make_sequential_step(
+            transition, potential_u, step_size, None, gate
         )
+        u, step_info, info = deer_solve(
+            step_fn, u0, tape_u, key_probe, solver, None, sequential
+        )
+        finish = ~info.converged
+        if on_failure == "warn":
+            finish = info.result == RESULTS.nonfinite
         u, step_info = jax.lax.cond(
-            info.converged,
+            ~finish,
             lambda _: (u, step_info),
             lambda _: finish_chain(
-                potential_u, u0, tape_u, adapt.step_size, u, step_info, info.front
+                transition, potential_u, u0, tape_u, step_size, u, step_info, info.front
             ),
             None,
         )
     w = u if basis is None else u @ basis.T
     accept_prob = step_info.accept_prob
     block = BlockBuffer(
-        z=jax.vmap(to_x)(w),
+        z=jax.vmap(lambda w: mul_sqrt(mass_sqrt, w))(w),
         potential_energy=step_info.potential_energy,
         accept_prob=accept_prob,
         diverging=step_info.diverging,

@@ -36,6 +36,8 @@ import jax.numpy as jnp
 from jax import Array
 from numpyro.infer.hmc_util import dual_averaging
 
+from ..core.hessian import mean_hessian_eigh
+
 EIGENVALUE_FLOOR = 1e-4
 """Smallest eigenvalue of the mean Hessian kept, relative to the largest."""
 
@@ -59,28 +61,6 @@ def resolve_mass_adaptation(
     if adapt_mass_matrix != "auto":
         return adapt_mass_matrix
     return "hessian" if not dense_mass and dim <= MAX_HESSIAN_DIM else True
-
-
-def mean_hessian(potential: Callable[[Array], Array], points: Array) -> Array:
-    """The symmetrised Hessian of ``potential`` averaged over ``points`` (K, D)."""
-    hessian = jnp.mean(jax.vmap(jax.hessian(potential))(points), axis=0)
-    return 0.5 * (hessian + hessian.T)
-
-
-def mean_hessian_eigh(
-    potential: Callable[[Array], Array], points: Array
-) -> tuple[Array, Array, Array]:
-    """Eigenvalues and eigenvectors of the mean Hessian, and whether it is finite.
-
-    A Hessian that is not finite at some point is replaced by the identity
-    before the decomposition (``eigh`` of NaNs is not defined); callers choose
-    their fallback from the flag.
-    """
-    hessian = mean_hessian(potential, points)
-    finite = jnp.all(jnp.isfinite(hessian))
-    eye = jnp.eye(hessian.shape[-1], dtype=hessian.dtype)
-    eigenvalues, vectors = jnp.linalg.eigh(jnp.where(finite, hessian, eye))
-    return eigenvalues, vectors, finite
 
 
 def hessian_inverse_mass(

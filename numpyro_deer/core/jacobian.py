@@ -17,21 +17,28 @@ names the structure of ``J_t`` that the associative scan uses:
 The step value comes from the same ``jax.jvp`` call as the tangents, so no
 strategy evaluates ``f_t`` twice. Whatever ``J_t`` is, the Newton solver stays
 exact (it only changes how fast it converges).
+
+Each strategy also owns the structure of its ``J_t`` (diagonal or dense): the
+product ``J_t x``, the associative scan of the linear recursion, the product of
+a slice's transitions (for the sharded solver), and from these the Newton
+step itself (:meth:`newton_step`), shared by the single-device and the sharded
+solver.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, ClassVar, NamedTuple
+from math import inf
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 from jax import Array
 
-from ._scan import scan_dense, scan_diagonal
-
-StepFn = Callable[[Array, Any], tuple[Array, Any]]
+from .certificate import finite_or_fixed_point
+from .scan import scan_dense, scan_diagonal
+from .transition import StepFn
 
 
 class Linearization(NamedTuple):
@@ -46,6 +53,96 @@ class Linearization(NamedTuple):
     values: Array
     aux: Any
     jacobian: Array
+
+
+class _Structure:
+    """The Newton step of a strategy, from its structure's three primitives.
+
+    Subclasses provide ``matvec(J, x)`` (``J_t x_t`` row by row),
+    ``zero_rows(J, rows)`` and ``scan(A, b)``, and ``compose(A)`` (``A_L ...
+    A_1``) for the sharded solver.
+    """
+
+    def newton_step(
+        self,
+        lin: Linearization,
+        prev: Array,
+        cur: Array,
+        frozen: Array,
+        fixed: Array,
+        scan: Callable[[Array, Array], Array] | None = None,
+    ) -> Array:
+        """The Newton update of ``cur`` from the linearisation at ``prev``.
+
+        Solves ``s_t = J_t s_{t-1} + F_t - J_t prev_t`` for all rows at once.
+        ``frozen`` rows (certified) map to their own value (``A = 0``,
+        ``b = s_t``); ``fixed`` rows (the frozen ones and the first unfrozen
+        one, whose predecessor is frozen) have ``A = 0``, so the first
+        unfrozen step is ``F_t`` exactly. Rows whose update is not finite take
+        ``F_t`` (:func:`~numpyro_deer.core.certificate.finite_or_fixed_point`).
+
+        Args:
+            lin: values ``F_t`` and Jacobians ``J_t`` at ``prev``.
+            prev, cur: ``s_{t-1}`` and ``s_t`` of the iterate, shape ``(T, D)``.
+            frozen, fixed: ``(T,)`` masks as above (``frozen`` within ``fixed``).
+            scan: the scan of the affine recursion; default :meth:`scan` (the
+                sharded solver passes its two-level scan).
+        """
+        values, jacobian = lin.values, lin.jacobian
+        offset = values - self.matvec(jacobian, prev)
+        b = jnp.where(frozen[:, None], cur, jnp.where(fixed[:, None], values, offset))
+        A = self.zero_rows(jacobian, fixed)
+        new = (self.scan if scan is None else scan)(A, b)
+        return finite_or_fixed_point(new, values, cur)
+
+
+class _DiagonalStructure(_Structure):
+    """``J_t`` is a vector ``(D,)``: elementwise products and scan."""
+
+    structure = "diagonal"
+
+    @staticmethod
+    def matvec(jacobian: Array, x: Array) -> Array:
+        return jacobian * x
+
+    @staticmethod
+    def zero_rows(jacobian: Array, rows: Array) -> Array:
+        return jnp.where(rows[:, None], 0.0, jacobian)
+
+    def scan(self, A: Array, b: Array) -> Array:
+        return scan_diagonal(A, b)
+
+    @staticmethod
+    def compose(A: Array) -> Array:
+        """``A_L ... A_1``: the transition of a whole slice."""
+        return jnp.prod(A, axis=0)
+
+
+class _DenseStructure(_Structure):
+    """``J_t`` is a matrix ``(D, D)``: matrix products and scan."""
+
+    structure = "dense"
+
+    @staticmethod
+    def matvec(jacobian: Array, x: Array) -> Array:
+        return jnp.einsum("...ij,...j->...i", jacobian, x)
+
+    @staticmethod
+    def zero_rows(jacobian: Array, rows: Array) -> Array:
+        return jnp.where(rows[:, None, None], 0.0, jacobian)
+
+    def scan(self, A: Array, b: Array) -> Array:
+        return scan_dense(A, b, self.precision)
+
+    @staticmethod
+    def compose(A: Array) -> Array:
+        """``A_L ... A_1`` by pairwise batched products, ``log2(L)`` levels."""
+        while A.shape[0] > 1:
+            if A.shape[0] % 2:
+                A = jnp.concatenate([A, jnp.eye(A.shape[-1], dtype=A.dtype)[None]])
+            # a later step multiplies on the left
+            A = jnp.einsum("tij,tjk->tik", A[1::2], A[0::2])
+        return A[0]
 
 
 def _jvp_columns(step_fn: StepFn, x: Array, tape_t: Any, directions: Array):
@@ -78,8 +175,11 @@ def _clip(diag: Array, clip: float | None) -> Array:
 
 
 def _check_clip(name: str, clip: float | None) -> None:
-    if clip is not None and not clip > 0:
-        raise ValueError(f"{name}(clip={clip!r}): clip must be None or positive.")
+    if clip is not None and not (isinstance(clip, int | float) and 0 < clip < inf):
+        raise ValueError(
+            f"{name}(clip={clip!r}): use a finite positive number, or None for no "
+            "clipping."
+        )
 
 
 def _spectral_norm(matrix: Array, num_iter: int = 20) -> Array:
@@ -104,7 +204,7 @@ def _clip_norm(jacobian: Array, clip: float | None) -> Array:
 
 
 @dataclass(frozen=True)
-class FullJacobian:
+class FullJacobian(_DenseStructure):
     """The dense Jacobian of every step (full DEER).
 
     Attributes:
@@ -128,9 +228,8 @@ class FullJacobian:
             chain, whose residual is the step evaluated at full precision.
     """
 
-    clip: float | None = None
+    clip: float | None = 1.0
     precision: str | None = None
-    structure: ClassVar[str] = "dense"
 
     def __post_init__(self):
         _check_clip("FullJacobian", self.clip)
@@ -150,20 +249,16 @@ class FullJacobian:
             step_fn, prev, tape, lambda columns: _clip_norm(columns.T, self.clip)
         )
 
-    def scan(self, A: Array, b: Array) -> Array:
-        return scan_dense(A, b, self.precision)
-
 
 @dataclass(frozen=True)
-class DiagonalJacobian:
+class DiagonalJacobian(_DiagonalStructure):
     """The exact diagonal of every step's Jacobian (quasi-DEER).
 
     Attributes:
         clip: if set, the diagonal is clipped to ``[-clip, clip]``.
     """
 
-    clip: float | None = None
-    structure: ClassVar[str] = "diagonal"
+    clip: float | None = 1.0
 
     def __post_init__(self):
         _check_clip("DiagonalJacobian", self.clip)
@@ -174,13 +269,9 @@ class DiagonalJacobian:
             step_fn, prev, tape, lambda columns: _clip(jnp.diagonal(columns), self.clip)
         )
 
-    @staticmethod
-    def scan(A: Array, b: Array) -> Array:
-        return scan_diagonal(A, b)
-
 
 @dataclass(frozen=True)
-class StochasticDiagonalJacobian:
+class StochasticDiagonalJacobian(_DiagonalStructure):
     """Hutchinson's estimate of the diagonal with Rademacher probes.
 
     Attributes:
@@ -193,7 +284,6 @@ class StochasticDiagonalJacobian:
 
     num_probes: int = 1
     clip: float | None = 1.0
-    structure: ClassVar[str] = "diagonal"
 
     def __post_init__(self):
         if not (isinstance(self.num_probes, int) and self.num_probes >= 1):
@@ -215,27 +305,24 @@ class StochasticDiagonalJacobian:
 
         return Linearization(*jax.vmap(one)(prev, tape, probes))
 
-    @staticmethod
-    def scan(A: Array, b: Array) -> Array:
-        return scan_diagonal(A, b)
-
 
 JacobianStrategy = FullJacobian | DiagonalJacobian | StochasticDiagonalJacobian
 
 
-def jacobian_from_name(name: str | JacobianStrategy, **options) -> JacobianStrategy:
-    """Turn ``"full"``, ``"diag"`` or ``"stochastic"`` into a strategy object."""
-    if not isinstance(name, str):
+def jacobian_from_name(name: str | JacobianStrategy) -> JacobianStrategy:
+    """``"full"``, ``"diag"`` or ``"stochastic"`` as a strategy object with its
+    defaults; a strategy object as it is."""
+    if isinstance(name, FullJacobian | DiagonalJacobian | StochasticDiagonalJacobian):
         return name
     strategies = {
         "full": FullJacobian,
         "diag": DiagonalJacobian,
         "stochastic": StochasticDiagonalJacobian,
     }
-    if name not in strategies:
+    if not isinstance(name, str) or name not in strategies:
         raise ValueError(
             f"jacobian={name!r} is not a Jacobian strategy: use one of "
             f"{sorted(strategies)} or a strategy object such as "
             "StochasticDiagonalJacobian(num_probes=2)."
         )
-    return strategies[name](**options)
+    return strategies[name]()

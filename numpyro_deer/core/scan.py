@@ -12,7 +12,8 @@ associatively: applying ``(A_1, b_1)`` then ``(A_2, b_2)`` is the map
 prefixes of this composition in ``O(log T)`` depth (Blelloch, 1990), which is
 what makes the Newton step parallel over the time axis (Lim et al., 2024).
 
-Two structures of ``A_t`` are supported:
+Two structures of ``A_t`` are supported (each Jacobian strategy of
+:mod:`numpyro_deer.core.jacobian` names its own):
 
 * diagonal, ``A`` of shape ``(T, D)``: the composition is elementwise, ``O(T D)``
   work and memory (quasi-DEER, Gonzalez et al., 2024);

@@ -1,7 +1,7 @@
 """``numpyro_deer.MCMC``: a drop-in ``numpyro.infer.MCMC`` advancing a block per loop.
 
 Stock ``MCMC`` calls the kernel once per draw; on a GPU that loop alone costs
-more than a sequential MALA step (see the benchmarks page of the docs). For a
+more than a sequential MALA step (see the performance page of the docs). For a
 block kernel (one with ``block_refill`` and ``block_emit``, such as
 :class:`~numpyro_deer.DEERMALA`) this driver instead
 
@@ -28,12 +28,17 @@ import numpy as np
 import numpyro.infer
 import tqdm
 
-from . import _memory as memory
-from . import _numpyro_compat as compat
-from ._checks import translate_tracer_errors
-from ._convergence import DEERConvergenceWarning, warn_unconverged
+from . import memory
+from . import numpyro_compat as compat
+from .checks import translate_tracer_errors
+from .convergence import (
+    DEERConvergenceError,
+    DEERConvergenceWarning,
+    reraise_convergence_error,
+    warn_unconverged,
+)
 
-__all__ = ["MCMC", "DEERConvergenceWarning", "is_block_kernel"]
+__all__ = ["MCMC", "DEERConvergenceError", "DEERConvergenceWarning", "is_block_kernel"]
 
 
 def is_block_kernel(kernel) -> bool:
@@ -92,14 +97,23 @@ class MCMC(numpyro.infer.MCMC):
         # chains run inside pmap (chain_method="parallel") report their
         # failed-block counts from the devices; warn once here
         self._chain_stats = []
-        result = super().run(*args, **kwargs)
+        with reraise_convergence_error():
+            result = super().run(*args, **kwargs)
         stats, self._chain_stats = self._chain_stats, []
         if stats:
-            _warn_failed_blocks(tuple(map(sum, zip(*stats, strict=True))))
+            blocks, failed, bits = zip(*stats, strict=True)
+            combined = (sum(blocks), sum(failed), int(np.bitwise_or.reduce(bits)))
+            self._warn_failed_blocks(combined)
         return result
 
-    def _record_chain_stats(self, blocks, failed) -> None:
-        self._chain_stats.append((int(blocks), int(failed)))
+    def _record_chain_stats(self, blocks, failed, bits) -> None:
+        self._chain_stats.append((int(blocks), int(failed), int(bits)))
+
+    def _warn_failed_blocks(self, stats) -> None:
+        blocks, failed, bits = (int(s) for s in stats)
+        if failed:
+            on_failure = getattr(self.sampler, "on_failure", "sequential")
+            warn_unconverged(failed, blocks, on_failure, bits, stacklevel=4)
 
     # ------------------------------------------------------------- loop fns
     def _loop_fns(self, collect_fields, remove_sites, batched, size, static):
@@ -171,11 +185,15 @@ class MCMC(numpyro.infer.MCMC):
             consumed = jnp.minimum(block_size - index, total - done)
             state = kernel.block_emit(state, index + consumed - 1, batched=batched)
             info = state.block.info
-            fresh = index == 0
+            failed = (index == 0) & ~info.converged
             stats = (
-                stats[0] + fresh.astype(jnp.int32),
-                stats[1]
-                + jnp.where(fresh, jnp.sum(~info.converged, dtype=jnp.int32), 0),
+                stats[0] + (index == 0).astype(jnp.int32),
+                stats[1] + jnp.sum(failed, dtype=jnp.int32),
+                # bit c for every result code c of a failed block
+                stats[2]
+                | jnp.bitwise_or.reduce(
+                    jnp.where(failed, 1 << info.result, 0), axis=None
+                ),
             )
             return state, collection, done + consumed, stats
 
@@ -195,7 +213,7 @@ class MCMC(numpyro.infer.MCMC):
                 return (carry[2] < total) & (carry[4] < limit)
 
             state, collection, done, stats, _ = jax.lax.while_loop(
-                cond, body, (state, collection, zero, (zero, zero), zero)
+                cond, body, (state, collection, zero, (zero, zero, zero), zero)
             )
             return state, collection, stats, done
 
@@ -268,7 +286,7 @@ class MCMC(numpyro.infer.MCMC):
                     dynamic,
                 )
             _check_progress(done, total, state, batched)
-            _warn_failed_blocks(stats)
+            self._warn_failed_blocks(stats)
         else:
             with translate_tracer_errors():
                 state, collection = self._run_with_progress(
@@ -301,7 +319,7 @@ class MCMC(numpyro.infer.MCMC):
             return
         zero = _i32(0)
         compiled = block_fn.lower(
-            state, collection, zero, (zero, zero), _i32(n_warmup), _i32(total),
+            state, collection, zero, (zero, zero, zero), _i32(n_warmup), _i32(total),
             _i32(start_idx), dynamic,
         ).compile()  # fmt: skip
         memory.check_block_memory(
@@ -347,7 +365,7 @@ class MCMC(numpyro.infer.MCMC):
                     refresh=False,
                 )
             bar.set_description(phase or "sample")
-            done, stats = _i32(0), (_i32(0), _i32(0))
+            done, stats = _i32(0), (_i32(0), _i32(0), _i32(0))
             limit = steps = None
             while int(done) < total:
                 if limit is None:
@@ -373,7 +391,7 @@ class MCMC(numpyro.infer.MCMC):
                     refresh=False,
                 )
         _check_progress(done, total, state, batched)
-        _warn_failed_blocks(stats)
+        self._warn_failed_blocks(stats)
         return state, collection
 
 
@@ -424,9 +442,3 @@ def _check_progress(done, total: int, state, batched: bool) -> None:
 
 def _i32(n) -> jax.Array:
     return jnp.asarray(n, jnp.int32)
-
-
-def _warn_failed_blocks(stats) -> None:
-    blocks, failed = (int(s) for s in stats)
-    if failed:
-        warn_unconverged(failed, blocks, stacklevel=6)

@@ -2,7 +2,7 @@ r"""Warmup: sequential MALA steps under NumPyro's adaptation.
 
 Warmup is not solved by DEER: while the step size and the mass matrix change
 from one step to the next there is no fixed map ``s_t = f_t(s_{t-1})`` to solve
-for. Each warmup draw is one MALA step (:func:`numpyro_deer._mala.make_step_fn`)
+for. Each warmup draw is one MALA step (:func:`numpyro_deer.core.make_step_fn`)
 followed by NumPyro's ``warmup_adapter`` update: dual averaging of the step
 size toward ``target_accept_prob`` (Hoffman and Gelman, 2014) over the window
 schedule of Stan, and at each window end either NumPyro's own mass matrix (the
@@ -26,9 +26,11 @@ from jax import Array
 from jax.flatten_util import ravel_pytree
 from numpyro.infer.hmc_util import build_adaptation_schedule, warmup_adapter
 
-from ._block import DEERMALAState, mass_matrix_sqrt, record_warmup_draw
-from ._hessian_mass import hessian_metric, hessian_window_end, is_hessian_window_end
-from ._mala import make_step_fn, make_tape
+from ..core.mala import MALA
+from ..core.metric import mass_matrix_sqrt
+from ..core.transition import Transition, make_step_fn
+from .block import DEERMALAState, record_warmup_draw
+from .hessian_mass import hessian_metric, hessian_window_end, is_hessian_window_end
 
 MAX_STEP_SIZE_SEARCH = 40
 """Most doublings or halvings of the step size in one search."""
@@ -41,8 +43,9 @@ def find_reasonable_step_size(
     inverse_mass_matrix: Array,
     z_info: tuple,
     rng_key: Array,
+    transition: Transition = MALA(),
 ) -> Array:
-    r"""Double or halve the step size until one MALA step's acceptance crosses target.
+    r"""Double or halve the step size until one step's acceptance crosses target.
 
     With ``a(\epsilon)`` the acceptance probability of one MALA step from
     ``z_info[0]`` on a fixed normal draw: if ``a(step_size) > target`` the step
@@ -50,14 +53,17 @@ def find_reasonable_step_size(
     returned; otherwise it halves until ``a >= target``. Either way
     ``a(\epsilon) \ge target \ge a(2 \epsilon)`` unless the search stopped after
     :data:`MAX_STEP_SIZE_SEARCH` changes. The signature is the one NumPyro's
-    ``warmup_adapter`` calls, with ``potential_flat`` and ``target`` bound.
+    ``warmup_adapter`` calls, with ``potential_flat`` and ``target`` bound;
+    ``transition`` is the taped step (MALA by default) on a one-step tape.
     """
     x = z_info[0]
-    tape = jax.tree.map(lambda v: v[0], make_tape(rng_key, 1, x.shape[0], x.dtype))
+    tape = transition.make_tape(rng_key, 1, x.shape[0], x.dtype)
+    tape = jax.tree.map(lambda v: v[0], tape)
     mass_sqrt = mass_matrix_sqrt(inverse_mass_matrix)
 
     def accept(eps):
-        return make_step_fn(potential_flat, eps, mass_sqrt)(x, tape)[1].accept_prob
+        step_fn = make_step_fn(transition, potential_flat, eps, mass_sqrt)
+        return step_fn(x, tape)[1].accept_prob
 
     direction = jnp.where(accept(step_size) > target, 1.0, -1.0)
 
@@ -83,8 +89,9 @@ def build_adapter(
     adapt_step_size: bool,
     target_accept_prob: float,
     window_end: bool = True,
+    transition: Transition = MALA(),
 ) -> tuple[Callable, Callable]:
-    """NumPyro's ``warmup_adapter`` for MALA, with the Hessian mass if asked.
+    """NumPyro's ``warmup_adapter`` for a transition, with the Hessian mass if asked.
 
     Returns ``(init, update)``: ``init`` is NumPyro's, and
     ``update(t, accept_prob, x, adapt_state, curvature_points)`` its update on
@@ -96,7 +103,10 @@ def build_adapter(
     """
     hessian = mass_adaptation == "hessian"
     find_step_size = partial(
-        find_reasonable_step_size, potential_flat, target_accept_prob
+        find_reasonable_step_size,
+        potential_flat,
+        target_accept_prob,
+        transition=transition,
     )
     init, update = warmup_adapter(
         num_warmup,
@@ -132,9 +142,11 @@ def warmup_step(
     adapter_update: Callable,
     num_warmup: int,
     unravel: Callable,
+    transition: Transition = MALA(),
 ) -> DEERMALAState:
-    """One warmup draw: a MALA step in the current metric, then the adaptation.
+    """One warmup draw: a step in the current metric, then the adaptation.
 
+    The step is ``transition``'s on a one-step tape (:func:`make_step_fn`).
     The state's key is split into the next key and the step's tape; the draw
     goes into the curvature points when it is one of them, and
     ``mean_accept_prob`` is the running mean over the warmup so far.
@@ -142,8 +154,9 @@ def warmup_step(
     rng_key, key_tape = jax.random.split(state.rng_key)
     adapt = state.adapt_state
     x = ravel_pytree(state.z)[0]
-    tape = make_tape(key_tape, 1, x.shape[0], x.dtype)
+    tape = transition.make_tape(key_tape, 1, x.shape[0], x.dtype)
     step_fn = make_step_fn(
+        transition,
         potential_flat,
         adapt.step_size,
         mass_matrix_sqrt(adapt.inverse_mass_matrix),

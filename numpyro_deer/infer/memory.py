@@ -64,10 +64,9 @@ def check_block_memory(
         return
     suggestion = max(1, int(block_size * free / required * 0.8))
     raise ValueError(
-        f"DEERMALA(block_size={block_size}) needs about {required / _GIB:.2f} GiB "
+        f"block_size={block_size} needs about {required / _GIB:.2f} GiB "
         f"of device memory {what}, but the device has {free / _GIB:.2f} GiB "
-        f"free. Set block_size={suggestion} or smaller, or a window "
-        f"(DEERMALA(window=...)) so that an iteration evaluates fewer steps."
+        f"free. Set block_size={suggestion} or smaller."
     )
 
 

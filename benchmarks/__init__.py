@@ -1,0 +1,1 @@
+"""Benchmark scripts and the models they share (not part of the wheel)."""

@@ -1,0 +1,427 @@
+"""The race: wall time to an accurate posterior, compilation and warmup included.
+
+For every target (``benchmarks/gym_models.py``: Inference Gym posteriors with
+their ground truth, and the benchmark models against stored NUTS references)
+and every competitor (``benchmarks/race_samplers.py``) at every chain count,
+one run in a fresh Python process (so each competitor compiles everything it
+uses, as a user's first run does) warms up with the competitor's own
+recommended warmup and then samples in segments until both errors are at or
+below ``--thresholds``' smallest value or ``--budget-seconds`` have passed.
+
+**Score.** With all draws after warmup pooled over chains, for every scalar
+component ``i`` of every latent site (constrained scale):
+
+* mean error ``max_i ((mean_i - m_i) / s_i)^2`` (about ``1/ESS``),
+* second-moment error
+  ``max_i (E[x_i^2] - m_i^2 - s_i^2)^2 / (2 s_i^4 + 4 m_i^2 s_i^2)``,
+  the squared error of the second moment over its variance under a Gaussian
+  with the true mean and sd (the Gym gives no fourth moments).
+
+**Clock.** ``time.perf_counter`` from before the first trace to each segment's
+end, the draws copied to the host. Errors are evaluated at segment ends and at
+geometric draw counts inside segments; inside a segment the wall time and the
+gradient count are interpolated linearly in draws (constant rate within a
+segment). The time to a threshold is the first checkpoint at which the error is
+at or below it (a single run: noisy by a factor of about 2 either way).
+
+**Gradients.** NUTS and BlackJAX: leapfrog steps taken (warmup included, for
+ChEES its adaptation's steps); MALA: one per step; DEER: one per state per
+Newton iteration (its Jacobian estimate's JVPs not counted).
+
+**Sampling loops.** NUTS samples after NumPyro's own warmup in a compiled
+``lax.scan`` of its kernel per segment (``MCMC.run`` would recompile its loop
+at every segment); MALA and DEER go through ``numpyro_deer.MCMC``, which
+compiles its block loop once; BlackJAX samplers in a compiled ``lax.scan``.
+
+Run from the repository root (JSON, figures and the table go to ``--out``;
+``--samplers deer:1,16`` gives a sampler its own chain counts)::
+
+    PYTHONPATH=. python3 benchmarks/race.py --quick --out benchmarks/results/race_cpu \
+        --targets eight_schools --samplers nuts_dense:2 deer:1,4 chees:4
+
+The table is printed last; ``--summarize --out DIR`` redraws it from
+``DIR/race.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+THRESHOLDS = (1e-2, 1e-4)
+
+
+class Tracker:
+    """Running moments, errors against the truth and the clock of one run."""
+
+    def __init__(self, truth, budget_s: float, stop_at: float):
+        self.m = np.concatenate([t.mean for t in truth.values()])
+        self.s = np.concatenate([t.sd for t in truth.values()])
+        self.var2 = 2 * self.s**4 + 4 * self.m**2 * self.s**2
+        self.budget_s, self.stop_at = budget_s, stop_at
+        self.t0 = time.perf_counter()
+        self.warmup_s = self.grads_warmup = None
+        self.n = 0  # draws per chain
+        self.s1 = self.s2 = 0.0
+        self.grads = 0.0
+        self.t_last = None
+        self.checkpoints: list[dict] = []
+
+    def now(self) -> float:
+        return time.perf_counter() - self.t0
+
+    def warmup_done(self, grads: float) -> None:
+        self.warmup_s = self.t_last = self.now()
+        self.grads_warmup = self.grads = float(grads)
+
+    def errors(self, s1, s2, count):
+        mean, second = s1 / count, s2 / count
+        return (
+            float(np.max(((mean - self.m) / self.s) ** 2)),
+            float(np.max((second - self.m**2 - self.s**2) ** 2 / self.var2)),
+        )
+
+    def segment(self, s1, s2, chains: int, grads: float) -> None:
+        """Add a segment: per-draw sums over chains of ``x`` and ``x**2`` (n, D)."""
+        t_end, n = self.now(), s1.shape[0]
+        c1 = self.s1 + np.cumsum(s1.astype(np.float64), 0)
+        c2 = self.s2 + np.cumsum(s2.astype(np.float64), 0)
+        total = self.n + np.arange(1, n + 1)
+        grid = np.unique(np.round(2 ** np.arange(0, 40, 0.25)).astype(int))
+        marks = [int(j) - self.n - 1 for j in grid if self.n < j < self.n + n] + [n - 1]
+        for j in marks:
+            frac = (j + 1) / n
+            e1, e2 = self.errors(c1[j], c2[j], total[j] * chains)
+            self.checkpoints.append({
+                "wall_s": self.t_last + frac * (t_end - self.t_last),
+                "draws_per_chain": int(total[j]),
+                "grads": self.grads + frac * grads,
+                "err_mean": e1, "err_second": e2,
+            })  # fmt: skip
+        self.s1, self.s2, self.n = c1[-1], c2[-1], self.n + n
+        self.grads += grads
+        self.t_last = t_end
+
+    def done(self) -> bool:
+        """Stop at the budget or at the accuracy; always after one segment at least."""
+        if not self.checkpoints:
+            return False
+        last = self.checkpoints[-1]
+        return (
+            self.now() >= self.budget_s
+            or max(last["err_mean"], last["err_second"]) <= self.stop_at
+        )
+
+    def reached(self, thr: float) -> dict | None:
+        """The first checkpoint with both errors at or below ``thr``."""
+        for c in self.checkpoints:
+            if max(c["err_mean"], c["err_second"]) <= thr:
+                return c
+        return None
+
+
+# ----------------------------------------------------------------- worker
+def run_one(spec: dict) -> dict:
+    """One competitor on one target with one chain count (in this process)."""
+    import gym_models
+    import jax
+    import race_samplers
+
+    if spec.get("x64"):
+        jax.config.update("jax_enable_x64", True)
+    target = gym_models.get_target(spec["target"])
+    tracker = Tracker(target.truth, spec["budget_s"], min(THRESHOLDS))
+    out = {k: spec[k] for k in ("target", "sampler", "chains")}
+    try:
+        race_samplers.SAMPLERS[spec["sampler"]](target, spec["chains"], spec, tracker)
+        out["status"] = "ok"
+    except Exception as err:  # a competitor that fails is reported, not hidden
+        out["status"] = f"failed: {type(err).__name__}: {str(err)[:300]}"
+    out.update(
+        warmup_s=tracker.warmup_s,
+        grads_warmup=tracker.grads_warmup,
+        total_s=tracker.now(),
+        draws_per_chain=tracker.n,
+        checkpoints=tracker.checkpoints,
+        reached={
+            str(thr): (c and {"wall_s": c["wall_s"], "grads": c["grads"]})
+            for thr in THRESHOLDS
+            for c in [tracker.reached(thr)]
+        },
+        source=target.source,
+        reference_ess=target.reference_ess,
+        dim=int(sum(t.mean.size for t in target.truth.values())),
+        backend=jax.default_backend(),
+    )
+    return out
+
+
+def run_subprocess(spec: dict, cpu_devices: int, grace_s: float) -> dict:
+    """``run_one`` in a fresh process, killed ``grace_s`` after the budget."""
+    env = dict(os.environ)
+    if spec["platform"] == "cpu":
+        env["JAX_PLATFORMS"] = "cpu"
+        flag = f"--xla_force_host_platform_device_count={cpu_devices}"
+        env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " " + flag).strip()
+    cmd = [sys.executable, __file__, "--worker", json.dumps(spec)]
+    try:
+        proc = subprocess.run(
+            cmd,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=spec["budget_s"] + grace_s,
+        )
+    except subprocess.TimeoutExpired:
+        return {**spec, "status": "timeout", "checkpoints": [], "reached": {}}
+    for line in proc.stdout.splitlines():
+        if line.startswith("RESULT "):
+            return json.loads(line[len("RESULT ") :])
+    return {
+        **spec,
+        "status": f"crashed: {proc.stderr[-500:]}",
+        "checkpoints": [],
+        "reached": {},
+    }
+
+
+# ----------------------------------------------------------------- output
+def best_rows(rows: list[dict], thr: float) -> dict:
+    """Per (target, sampler): the chain count reaching ``thr`` soonest."""
+    best = {}
+    for r in rows:
+        hit = (r.get("reached") or {}).get(str(thr))
+        if not hit:
+            continue
+        key = (r["target"], r["sampler"])
+        if key not in best or hit["wall_s"] < best[key][1]["wall_s"]:
+            best[key] = (r["chains"], hit)
+    return best
+
+
+def _lowest_error(rows: list[dict], target: str) -> str:
+    """``"; lowest: NAME (C) ERR at T s"`` over the runs of ``target``, or ``""``."""
+    best = None
+    for r in rows:
+        for c in r.get("checkpoints") or [] if r["target"] == target else []:
+            err = max(c["err_mean"], c["err_second"])
+            if best is None or err < best[0]:
+                best = (err, r["sampler"], r["chains"], c["wall_s"])
+    if best is None:
+        return ""
+    return f"; lowest: {best[1]} ({best[2]}) {best[0]:.2g} at {best[3]:.0f} s"
+
+
+def summary(rows: list[dict], targets: list[str], samplers: list[str]) -> list[str]:
+    lines = [
+        "| target | thr | winner (chains) | time s | deer (chains) | deer / winner "
+        "| grads deer / winner |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for thr in THRESHOLDS:
+        best = best_rows(rows, thr)
+        for t in targets:
+            cands = {s: best[(t, s)] for s in samplers if (t, s) in best}
+            if not cands:
+                low = _lowest_error(rows, t)
+                lines.append(f"| {t} | {thr:g} | none reached{low} | - | - | - | - |")
+                continue
+            win = min(cands, key=lambda s: cands[s][1]["wall_s"])
+            wc, wh = cands[win]
+            cell = f"| {t} | {thr:g} | {win} ({wc}) | {wh['wall_s']:.1f} |"
+            if "deer" in cands:
+                dc, dh = cands["deer"]
+                ratio = dh["wall_s"] / wh["wall_s"]
+                gr = dh["grads"] / wh["grads"] if wh["grads"] else float("nan")
+                cell += f" {dh['wall_s']:.1f} ({dc}) | {ratio:.2f} | {gr:.2f} |"
+            else:
+                cell += " not reached | - | - |"
+            lines.append(cell)
+    return lines
+
+
+def plot(rows: list[dict], out: Path) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    for t in sorted({r["target"] for r in rows}):
+        fig, ax = plt.subplots(figsize=(7, 4.5))
+        for r in rows:
+            if r["target"] != t or not r.get("checkpoints"):
+                continue
+            c = r["checkpoints"]
+            err = [max(p["err_mean"], p["err_second"]) for p in c]
+            ax.loglog(
+                [p["wall_s"] for p in c], err, label=f"{r['sampler']} x{r['chains']}"
+            )
+        for thr in THRESHOLDS:
+            ax.axhline(thr, color="grey", lw=0.5, ls="--")
+        ax.set_xlabel("wall time, compilation and warmup included (s)")
+        ax.set_ylabel("max standardized squared error (mean, 2nd moment)")
+        ax.set_title(t)
+        ax.legend(fontsize=6, ncol=2)
+        fig.tight_layout()
+        fig.savefig(out / f"race_{t}.png", dpi=110)
+        plt.close(fig)
+
+
+# ------------------------------------------------------------------- main
+def settings(ns) -> dict:
+    quick = ns.quick
+    return {
+        "platform": ns.platform,
+        "seed": ns.seed,
+        "budget_s": ns.budget_seconds,
+        "x64": False,
+        "nuts_warmup": 300 if quick else 1000,
+        "nuts_segment": 100 if quick else 500,
+        "mala_warmup": ns.mala_warmup or (500 if quick else 1000),
+        "block_size": ns.block_size or (512 if quick else 4096),
+        "hmc_warmup": 300 if quick else 1000,
+        "hmc_segment": 100 if quick else 500,
+    }
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--worker", help=argparse.SUPPRESS)
+    parser.add_argument("--targets", nargs="+", default=None)
+    parser.add_argument(
+        "--samplers", nargs="+", default=None, help="names, each optionally NAME:C1,C2"
+    )
+    parser.add_argument("--chains", nargs="+", type=int, default=None)
+    parser.add_argument("--budget-seconds", type=float, default=60.0)
+    parser.add_argument("--out", default="benchmarks/results/race")
+    parser.add_argument("--quick", action="store_true", help="small warmups and blocks")
+    parser.add_argument("--platform", choices=("cpu", "gpu"), default="cpu")
+    parser.add_argument("--block-size", type=int, default=None)
+    parser.add_argument("--mala-warmup", type=int, default=None)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--in-process", action="store_true", help="no fresh process per run"
+    )
+    parser.add_argument(
+        "--grace-seconds",
+        type=float,
+        default=300.0,
+        help="a run still going this long after its budget is killed (warmup "
+        "cannot be cut short) and reported as a timeout",
+    )
+    parser.add_argument(
+        "--summarize",
+        action="store_true",
+        help="figures and table from --out's race.json",
+    )
+    ns = parser.parse_args(argv)
+    if ns.summarize:
+        rows = json.loads((Path(ns.out) / "race.json").read_text())["rows"]
+        return report(rows, Path(ns.out))
+    if ns.worker:
+        print("RESULT " + json.dumps(run_one(json.loads(ns.worker))), flush=True)
+        return None
+
+    import gym_models
+    import race_samplers
+
+    targets = ns.targets or gym_models.available_targets()
+    # "deer:1,16" runs deer with 1 and 16 chains whatever --chains says
+    plan = {}
+    for item in ns.samplers or list(race_samplers.SAMPLERS):
+        name, _, counts = item.partition(":")
+        if name not in race_samplers.SAMPLERS:
+            parser.error(
+                f"--samplers: unknown {name!r}; one of {list(race_samplers.SAMPLERS)}"
+            )
+        plan[name] = [int(c) for c in counts.split(",")] if counts else None
+    samplers = list(plan)
+    if not race_samplers.blackjax_available():
+        skipped = [s for s in samplers if s in race_samplers.BLACKJAX_SAMPLERS]
+        samplers = [s for s in samplers if s not in skipped]
+        if skipped:
+            print(f"BlackJAX not importable: skipping {skipped}", flush=True)
+    if not gym_models.gym_available():
+        skipped = [t for t in targets if t in gym_models.GYM_TARGETS]
+        targets = [t for t in targets if t not in skipped]
+        if skipped:
+            print(f"Inference Gym not importable: skipping {skipped}", flush=True)
+    chains = ns.chains or ([1, 2] if ns.platform == "cpu" else [1, 4, 16, 64, 256])
+    cores = os.cpu_count() or 1
+    out = Path(ns.out)
+    out.mkdir(parents=True, exist_ok=True)
+    base = settings(ns)
+    rows = []
+    for t in targets:
+        for s in samplers:
+            counts = plan[s] or chains
+            if s in ("nuts_diag", "nuts_dense") and ns.platform == "cpu":
+                counts = sorted({min(c, cores) for c in counts})  # one per core at most
+            if s == "meads":
+                counts = [c for c in counts if c % 4 == 0]  # MEADS folds chains in 4
+            if s == "chees":
+                counts = [c for c in counts if c >= 4]  # its criterion averages chains
+            for c in counts:
+                spec = {**base, "target": t, "sampler": s, "chains": c}
+                if ns.in_process:
+                    row = run_one(spec)
+                else:
+                    row = run_subprocess(spec, max(cores, c), ns.grace_seconds)
+                rows.append(row)
+                hit = {
+                    k: v and round(v["wall_s"], 2)
+                    for k, v in (row.get("reached") or {}).items()
+                }
+                print(f"{t} {s} x{c}: {row['status']}, reached {hit}", flush=True)
+                (out / "race.json").write_text(
+                    json.dumps({"settings": base, "versions": versions(), "rows": rows})
+                    + "\n"
+                )
+    return report(rows, out)
+
+
+def report(rows: list[dict], out: Path) -> list[dict]:
+    """Figures, ``summary.md`` and the table (printed last)."""
+    targets = list(dict.fromkeys(r["target"] for r in rows))
+    samplers = list(dict.fromkeys(r["sampler"] for r in rows))
+    plot(rows, out)
+    lines = summary(rows, targets, samplers)
+    (out / "summary.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return rows
+
+
+def versions() -> dict:
+    from importlib.metadata import PackageNotFoundError, version
+
+    vs = {}
+    for name in (
+        "jax",
+        "jaxlib",
+        "numpyro",
+        "blackjax",
+        "optax",
+        "inference_gym",
+        "tfp-nightly",
+    ):
+        try:
+            vs[name] = version(name)
+        except PackageNotFoundError:
+            vs[name] = None
+    return vs
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,56 @@
+r"""Products with a mass matrix given by its square root, and whitening.
+
+A preconditioned sampler works with an inverse mass matrix ``M = L L^T``,
+given by ``L``: a vector ``(D,)`` for a diagonal ``M`` or a lower-triangular
+``(D, D)`` matrix for a dense one (``None`` is the identity). In the whitened
+coordinates ``w = L^{-1} x`` a preconditioned MALA or HMC chain is the same
+chain with the identity (Roberts and Stramer, 2002), which is where the kernel
+solves its blocks. These are the only products with ``L`` in the package.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+from jax import Array
+
+
+def mass_matrix_sqrt(inverse_mass_matrix: Array) -> Array:
+    """``L`` with ``L L^T`` the inverse mass matrix (diagonal or dense)."""
+    if inverse_mass_matrix.ndim == 1:
+        return jnp.sqrt(inverse_mass_matrix)
+    return jnp.linalg.cholesky(inverse_mass_matrix)
+
+
+def mul_sqrt(mass_sqrt: Array | None, v: Array) -> Array:
+    """``L v``."""
+    if mass_sqrt is None:
+        return v
+    return mass_sqrt * v if mass_sqrt.ndim == 1 else mass_sqrt @ v
+
+
+def mul_mass(mass_sqrt: Array | None, v: Array) -> Array:
+    """``M v = L L^T v``."""
+    if mass_sqrt is None:
+        return v
+    if mass_sqrt.ndim == 1:
+        return mass_sqrt**2 * v
+    return mass_sqrt @ (mass_sqrt.T @ v)
+
+
+def solve_sqrt(mass_sqrt: Array | None, v: Array) -> Array:
+    """``L^{-1} v``: the whitened coordinates of ``v``."""
+    if mass_sqrt is None:
+        return v
+    if mass_sqrt.ndim == 1:
+        return v / mass_sqrt
+    return jax.scipy.linalg.solve_triangular(mass_sqrt, v, lower=True)
+
+
+def whiten(
+    potential_fn: Callable[[Array], Array], mass_sqrt: Array | None
+) -> Callable[[Array], Array]:
+    """The potential of ``w = L^{-1} x``: ``w -> U(L w)``."""
+    return lambda w: potential_fn(mul_sqrt(mass_sqrt, w))

@@ -1,0 +1,444 @@
+r"""The DEER Newton solver for a taped recursion ``s_t = f_t(s_{t-1})``.
+
+Stack the trajectory ``S = (s_1, ..., s_T)`` of a block. Newton's method on the
+residual ``s_t - f_t(s_{t-1})`` from an iterate ``S^(i)`` gives the linear
+recursion (Lim et al., 2024; Zoltowski et al., 2025)
+
+.. math::
+
+    s_t^{(i+1)} = J_t s_{t-1}^{(i+1)} + f_t(s_{t-1}^{(i)}) - J_t s_{t-1}^{(i)},
+
+with ``J_t`` a Jacobian approximation of ``f_t`` at ``s_{t-1}^{(i)}`` (see
+:mod:`numpyro_deer.core.jacobian`), solved by an associative scan.
+
+**Stopping, front and certificate.** Each iteration first evaluates
+``F_t = f_t(s_{t-1})`` at the current iterate; the residual
+``r_t = s_t - F_t`` is the Newton update of the first unconverged step and the
+quantity the certificate bounds. Step ``t`` passes when
+``|r_t| <= atol + rtol |F_t|`` elementwise. The *front* is the number of leading
+steps that pass: those states are frozen (never changed again) and, because
+each was checked against its frozen predecessor, the returned block is the
+chain up to the reported residual. The first unfrozen step is then set to
+``F_t`` exactly, so the front grows by at least one step per iteration and the
+first ``k`` states are exact after ``k`` iterations, whatever ``J`` is.
+
+**Sweep.** With ``sweep = k > 0`` an iteration (after the first
+``sweep_after``) first runs ``k`` sequential steps from the front and from
+every local front (:mod:`numpyro_deer.core.sweep`) and writes them into the
+iterate, which the iteration then tests as usual.
+
+**Why a solve stops.** :class:`NewtonInfo` carries a result code
+(:class:`RESULTS`): converged, the iteration limit, no progress, or a
+non-finite value; :meth:`RESULTS.message` says what each means.
+
+There is one iteration body (:func:`_newton_iteration`); the solver loops it
+under :func:`jax.lax.while_loop` with no host synchronisation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+from jax import Array
+
+from .certificate import leading_passed, step_passes, where_rows
+from .gates import Gate, gate_from_name
+from .jacobian import JacobianStrategy, jacobian_from_name
+from .sweep import sweep_segments, sweep_starts
+from .transition import SequentialStep, StepFn, plain_sequential_step
+
+MAX_TOLERANCE = 1e-2
+"""Largest ``atol`` or ``rtol`` a :class:`DEERSolver` accepts (whitened units)."""
+
+SOLVE_BASES = ("auto", "whitened", "hessian")
+
+
+class RESULTS:
+    """Why a solve stopped: the codes of :attr:`NewtonInfo.result`.
+
+    ``RESULTS.message(code)`` is the sentence for a code (a Python int or a
+    scalar array).
+    """
+
+    successful = 0
+    max_iterations_reached = 1
+    no_progress = 2
+    nonfinite = 3
+    _messages = (
+        "converged: every step of the block passed",
+        "iteration limit: max_iter * max_solves Newton iterations were spent "
+        "before every step passed",
+        "no progress: a whole solve of max_iter iterations left the front where it was",
+        "non-finite: an iterate or a step value became non-finite (inf or NaN)",
+    )
+
+    @classmethod
+    def message(cls, code) -> str:
+        return cls._messages[int(code)]
+
+
+@dataclass(frozen=True)
+class DEERSolver:
+    """How the parallel Newton solve of one block runs; the defaults in one place.
+
+    Attributes:
+        jacobian: the Jacobian strategy: ``"stochastic"`` (Hutchinson
+            diagonal, :class:`~numpyro_deer.StochasticDiagonalJacobian`),
+            ``"diag"`` (exact diagonal), ``"full"`` (dense) or a strategy
+            object, which owns its settings (``num_probes``, ``clip``,
+            ``precision``). Strings are the strategies with their defaults.
+        gate: the derivative of the accept decision: ``"hard"`` (held
+            constant), ``"sigmoid"`` or a gate object such as
+            ``SigmoidGate(temperature=0.5)``. Never changes the chain.
+        solve_basis: coordinates of the solve (used by the kernel):
+            ``"whitened"`` (``w = L^{-1} x`` with ``M = L L^T`` the adapted
+            inverse mass matrix), ``"hessian"`` (``w`` rotated to the
+            eigenvectors of the potential's Hessian averaged over 16 draws,
+            where a step's Jacobian ``I - eps H`` is nearly diagonal) or
+            ``"auto"``: ``"hessian"`` up to 512 latent dimensions. The chain is
+            the same in either basis.
+        atol, rtol: a step passes when ``|s_t - f_t(s_{t-1})| <= atol +
+            rtol |f_t(s_{t-1})|`` in every coordinate. ``None`` picks a default
+            from the dtype: ``(1e-5, 1e-4)`` in float32, ``(1e-10, 1e-8)`` in
+            float64. Each must be in ``[0, MAX_TOLERANCE]`` (``1e-2``): the
+            solve runs in whitened coordinates, where a posterior standard
+            deviation is about 1 and a step moves about ``sqrt(2 eps)``, so a
+            tolerance of that order (or an infinite one) would certify states
+            that are not the MALA step (an accept decision could flip
+            unnoticed); at ``1e-2`` the certified state is within a hundredth
+            of a posterior standard deviation of the step.
+        max_iter: Newton iterations per solve.
+        max_solves: solves per block; each restarts from the front, keeping
+            the iterate as the initial guess. A block still unfinished after
+            ``max_iter * max_solves`` iterations reports
+            ``RESULTS.max_iterations_reached``.
+        sweep: sequential steps computed at the start of each iteration from
+            the front and from each local front, side by side (``0``: none);
+            see :mod:`numpyro_deer.core.sweep`.
+        sweep_after: iterations of a solve before the sweep starts (``0``:
+            from the first); blocks that converge within them never pay for
+            it.
+        vmapped: the solve runs under :func:`jax.vmap` (chains solved
+            together; the kernel sets it). The sweep is then held back by a
+            traced step count instead of a :func:`jax.lax.cond`, which
+            ``vmap`` turns into a select that runs it in every iteration for
+            every chain. Changes the cost, not the result.
+    """
+
+    jacobian: JacobianStrategy | str = "stochastic"
+    gate: Gate | str = "hard"
+    solve_basis: str = "auto"
+    atol: float | None = None
+    rtol: float | None = None
+    max_iter: int = 100
+    max_solves: int = 3
+    sweep: int = 8
+    sweep_after: int = 20
+    vmapped: bool = False
+
+    def __post_init__(self):
+        object.__setattr__(self, "jacobian", jacobian_from_name(self.jacobian))
+        object.__setattr__(self, "gate", gate_from_name(self.gate))
+        if self.solve_basis not in SOLVE_BASES:
+            raise ValueError(
+                f"DEERSolver(solve_basis={self.solve_basis!r}): use 'auto', "
+                "'whitened' (the mass-matrix coordinates) or 'hessian' (their "
+                "rotation to the eigenvectors of the mean Hessian)."
+            )
+        for name, low in (
+            ("max_iter", 1),
+            ("max_solves", 1),
+            ("sweep", 0),
+            ("sweep_after", 0),
+        ):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not (isinstance(value, int) and value >= low):
+                raise ValueError(
+                    f"DEERSolver({name}={value!r}): use an integer >= {low}."
+                )
+        for name in ("atol", "rtol"):
+            value = getattr(self, name)
+            if value is not None and not (
+                isinstance(value, int | float) and 0 <= value <= MAX_TOLERANCE
+            ):
+                raise ValueError(
+                    f"DEERSolver({name}={value!r}): use a number in [0, "
+                    f"{MAX_TOLERANCE}] (or None for the dtype's default). The "
+                    "solve runs in whitened coordinates, where a posterior "
+                    "standard deviation is about 1; a larger (or infinite) "
+                    "tolerance passes steps that are not the MALA step, so the "
+                    "block would not be the chain."
+                )
+
+    def tolerances(self, dtype) -> tuple[float, float]:
+        """``(atol, rtol)`` for the given dtype."""
+        wide = jnp.finfo(dtype).bits >= 64
+        atol = (1e-10 if wide else 1e-5) if self.atol is None else self.atol
+        rtol = (1e-8 if wide else 1e-4) if self.rtol is None else self.rtol
+        return atol, rtol
+
+
+class NewtonInfo(NamedTuple):
+    """Outcome of a solve; failures are reported here, never hidden.
+
+    Attributes:
+        iterations: Newton iterations taken (all solves).
+        solves: solves taken (restarts from the front plus one).
+        result: why the solve stopped, a :class:`RESULTS` code (``int32``);
+            ``RESULTS.message(result)`` says it in words.
+        front: number of leading steps that passed (exact states).
+        residual: ``max_t |s_t - f_t(s_{t-1})|`` over the passed steps: the
+            certificate of the returned block.
+    """
+
+    iterations: Array
+    solves: Array
+    result: Array
+    front: Array
+    residual: Array
+
+    @property
+    def converged(self) -> Array:
+        """Every step of the block passed (``result == RESULTS.successful``)."""
+        return self.result == RESULTS.successful
+
+
+def no_solve_info(dtype) -> NewtonInfo:
+    """The report of a block computed without a Newton solve (sequentially)."""
+    zero = jnp.zeros((), jnp.int32)
+    return NewtonInfo(zero, zero, zero, zero, jnp.zeros((), dtype))
+
+
+class _Carry(NamedTuple):
+    states: Array  # (T + 1, D): states[0] = s_0, states[t] = s_t
+    aux: Any  # per-step info of the certifying evaluation, leading axis T
+    front: Array
+    iteration: Array
+    residual: Array
+    nonfinite: Array
+    passed: Array  # (T,): the last test, by step (local fronts of the sweep)
+
+
+def _newton_iteration(
+    step_fn: StepFn,
+    solver: DEERSolver,
+    tape: Any,
+    key: Array,
+    carry: _Carry,
+    sequential: SequentialStep | None = None,
+) -> _Carry:
+    """One Newton iteration on the whole block.
+
+    Every step is evaluated in the same row of the batch in every iteration
+    (bitwise-stable values, whatever the device's reduction order).
+    """
+    front = carry.front
+    num_steps = carry.passed.shape[0]
+    atol, rtol = solver.tolerances(carry.states.dtype)
+    if solver.sweep:
+        sequential = (
+            plain_sequential_step(step_fn) if sequential is None else sequential
+        )
+        segments = max(1, min(num_steps // solver.sweep, num_steps))
+
+        def sweep(states, passes=None):
+            starts = sweep_starts(front, carry.iteration, carry.passed, segments)
+            return sweep_segments(
+                sequential, states, tape, starts, num_steps, solver.sweep, passes
+            )
+
+        late = carry.iteration >= solver.sweep_after  # counted per block
+        if not solver.sweep_after:
+            states = sweep(carry.states)
+        elif solver.vmapped:
+            # under vmap a cond is a select that runs the sweep in every
+            # iteration; a traced step count runs none until a chain needs it
+            states = sweep(carry.states, jnp.where(late, solver.sweep, 0))
+        else:
+            states = jax.lax.cond(late, sweep, lambda states: states, carry.states)
+        carry = carry._replace(states=states)
+
+    prev, cur = carry.states[:-1], carry.states[1:]
+    lin = solver.jacobian.linearize(
+        step_fn, prev, tape, jax.random.fold_in(key, carry.iteration)
+    )
+    index = jnp.arange(num_steps)
+    passed, error = step_passes(cur, lin.values, atol, rtol)
+    passed = passed | (index < front)
+    num_passed = leading_passed(passed)
+    frozen = (index < num_passed) & (index >= front)  # newly certified
+    residual = jnp.maximum(
+        carry.residual, jnp.max(jnp.where(frozen, jnp.max(error, axis=-1), 0.0))
+    )
+    aux = where_rows(frozen, lin.aux, carry.aux)
+    new_cur = solver.jacobian.newton_step(
+        lin, prev, cur, index < num_passed, index <= num_passed
+    )
+    nonfinite = carry.nonfinite | ~jnp.all(jnp.isfinite(new_cur))
+    return _Carry(
+        states=carry.states.at[1:].set(new_cur),
+        aux=aux,
+        front=num_passed,
+        iteration=carry.iteration + 1,
+        residual=residual,
+        nonfinite=nonfinite,
+        # the test by step, for the next sweep's local fronts
+        passed=passed if solver.sweep else carry.passed,
+    )
+
+
+def _initial_carry(
+    step_fn: StepFn, x0: Array, tape: Any, init_states: Array | None
+) -> _Carry:
+    num_steps = jax.tree.leaves(tape)[0].shape[0]
+    if init_states is None:
+        init_states = jnp.broadcast_to(x0, (num_steps,) + x0.shape)
+    states = jnp.concatenate([x0[None], init_states])
+    _, aux_shape = jax.eval_shape(step_fn, x0, jax.tree.map(lambda x: x[0], tape))
+    aux = jax.tree.map(lambda s: jnp.zeros((num_steps,) + s.shape, s.dtype), aux_shape)
+    zero = jnp.zeros((), jnp.int32)
+    return _Carry(
+        states,
+        aux,
+        zero,
+        zero,
+        jnp.zeros((), x0.dtype),
+        jnp.zeros((), bool),
+        jnp.zeros((num_steps,), bool),
+    )
+
+
+def solve_loop(
+    iteration: Callable[[Any], Any],
+    carry: Any,
+    num_steps: int,
+    solver: DEERSolver,
+) -> tuple[Any, NewtonInfo]:
+    """Run ``iteration`` in solves of at most ``solver.max_iter`` iterations.
+
+    Each solve restarts at the front with the current iterate. Stops when the
+    block passes, a solve makes no progress, an iterate turns non-finite, or
+    ``solver.max_solves`` solves are spent, and says which in the result code.
+    Shared by every solver (unsharded and sharded); only the iteration
+    differs. The carry needs ``front``, ``iteration``, ``residual`` and
+    ``nonfinite``.
+    """
+
+    def one_solve(outer):
+        carry, solves, _ = outer
+        start_front = carry.front
+        stop_at = carry.iteration + solver.max_iter
+
+        def go_on(c):
+            return (c.front < num_steps) & (c.iteration < stop_at) & ~c.nonfinite
+
+        carry = jax.lax.while_loop(go_on, iteration, carry)
+        return carry, solves + 1, carry.front > start_front
+
+    def more_solves(outer):
+        carry, solves, progressed = outer
+        return (
+            (carry.front < num_steps)
+            & (solves < solver.max_solves)
+            & progressed
+            & ~carry.nonfinite
+        )
+
+    zero = jnp.zeros((), jnp.int32)
+    carry, solves, progressed = jax.lax.while_loop(
+        more_solves, one_solve, (carry, zero, jnp.ones((), bool))
+    )
+    result = jnp.where(
+        carry.front >= num_steps,
+        RESULTS.successful,
+        jnp.where(
+            carry.nonfinite,
+            RESULTS.nonfinite,
+            # a solve without progress stops the loop before the last solve
+            jnp.where(
+                progressed | (solves >= solver.max_solves),
+                RESULTS.max_iterations_reached,
+                RESULTS.no_progress,
+            ),
+        ),
+    ).astype(jnp.int32)
+    info = NewtonInfo(
+        iterations=carry.iteration,
+        solves=solves,
+        result=result,
+        front=carry.front,
+        residual=carry.residual,
+    )
+    return carry, info
+
+
+def deer_solve(
+    step_fn: StepFn,
+    x0: Array,
+    tape: Any,
+    key: Array,
+    solver: DEERSolver = DEERSolver(),
+    init_states: Array | None = None,
+    sequential: SequentialStep | None = None,
+) -> tuple[Array, Any, NewtonInfo]:
+    """Solve a block of ``T`` taped steps from ``x0`` in parallel.
+
+    Runs solves of at most ``solver.max_iter`` iterations, each restarting at
+    the front with the current iterate, until the block passes, a solve makes
+    no progress, an iterate turns non-finite, or ``solver.max_solves`` solves
+    are spent.
+
+    Args:
+        step_fn: ``(x, tape_t) -> (x_new, aux)``, the taped step.
+        x0: the fixed state ``s_0``, shape ``(D,)``.
+        tape: the tape, a pytree of arrays with leading axis ``T``.
+        key: key for stochastic Jacobian strategies (kept apart from the tape).
+        solver: the solver settings.
+        init_states: initial guess ``(T, D)``; default ``x0`` repeated.
+        sequential: a faster form of the step for ``solver.sweep``'s
+            sequential segments (:class:`SequentialStep`); default
+            ``step_fn`` itself.
+
+    Returns:
+        ``(states, aux, info)``: ``s_1..s_T``; the step infos of the
+        certifying evaluation; a :class:`NewtonInfo`. Only ``states[:front]``
+        is exact when ``info.converged`` is false.
+    """
+    num_steps = jax.tree.leaves(tape)[0].shape[0]
+    carry = _initial_carry(step_fn, x0, tape, init_states)
+
+    def iteration(c):
+        return _newton_iteration(step_fn, solver, tape, key, c, sequential)
+
+    carry, info = solve_loop(iteration, carry, num_steps, solver)
+    return carry.states[1:], carry.aux, info
+
+
+def newton_iterates(
+    step_fn: StepFn,
+    x0: Array,
+    tape: Any,
+    key: Array,
+    num_iterations: int,
+    solver: DEERSolver = DEERSolver(),
+) -> Array:
+    """The first ``num_iterations`` Newton iterates, for diagnostics and figures.
+
+    The same iteration body as :func:`deer_solve`, under a fixed-length
+    :func:`jax.lax.scan` (no stopping).
+
+    Returns:
+        The iterates ``S^(1) .. S^(k)``, shape ``(num_iterations, T, D)``.
+    """
+    carry = _initial_carry(step_fn, x0, tape, None)
+
+    def body(c, _):
+        c = _newton_iteration(step_fn, solver, tape, key, c)
+        return c, c.states[1:]
+
+    _, iterates = jax.lax.scan(body, carry, None, length=num_iterations)
+    return iterates

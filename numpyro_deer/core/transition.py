@@ -1,0 +1,226 @@
+r"""The transition protocol: a taped Markov transition on flat arrays.
+
+All randomness of a block of ``T`` steps is drawn first (the *tape*); one step
+is then a deterministic map ``s_t = f_t(s_{t-1})`` of the state alone
+(Zoltowski et al., 2025, section 3), which the Newton solver
+(:mod:`numpyro_deer.core.newton`) solves for all ``t`` at once. A
+:class:`Transition` says how to draw the tape and how to take one step; the
+helpers below build on any transition what the solver and the kernels need:
+the step as a function of ``x`` alone (:func:`make_step_fn`, what the solver
+linearises), the same step carrying ``(x, U(x), grad U(x))`` so that a
+sequential loop costs one gradient per step (:func:`make_sequential_step`),
+the sequential reference chain (:func:`sequential_chain`) and the sequential
+completion of a partly solved block (:func:`finish_chain`).
+
+:class:`~numpyro_deer.core.mala.MALA` is the first transition. A transition
+selects its next state through :func:`~numpyro_deer.core.gates.gated_select`,
+so the derivative of the accept decision is a strategy shared by all.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, NamedTuple, Protocol
+
+import jax
+import jax.numpy as jnp
+from jax import Array
+
+from .gates import Gate, HardGate
+
+PotentialFn = Callable[[Array], Array]
+Tape = Any  # a pytree of arrays with leading axis T
+Carry = tuple[Array, Array, Array]  # (x, U(x), grad U(x))
+
+
+class StepInfo(NamedTuple):
+    """What one step reports besides its new state.
+
+    Attributes:
+        potential_energy: ``U`` at the returned state.
+        accept_prob: ``min(1, exp(log a))``; 0 for a non-finite proposal.
+        accepted: whether the proposal was taken.
+        diverging: whether the proposal had a non-finite potential or ratio.
+    """
+
+    potential_energy: Array
+    accept_prob: Array
+    accepted: Array
+    diverging: Array
+
+
+StepFn = Callable[[Array, Any], tuple[Array, Any]]
+"""``(x, tape_t) -> (x_new, aux)``: one taped step, what the solver linearises."""
+
+
+class Transition(Protocol):
+    """A taped Markov transition ``s_t = f_t(s_{t-1})`` on flat arrays ``(D,)``."""
+
+    def make_tape(self, key: Array, num_steps: int, dim: int, dtype=None) -> Tape:
+        """All randomness of ``num_steps`` steps, a pytree with leading axis ``T``."""
+        ...
+
+    def step(
+        self,
+        potential_fn: PotentialFn,
+        step_size: Array,
+        carry: Carry,
+        tape_t: Tape,
+        mass_sqrt: Array | None = None,
+        gate: Gate = HardGate(),
+    ) -> tuple[Carry, StepInfo]:
+        """One step from ``carry = (x, U(x), grad U(x))`` with tape entry ``tape_t``.
+
+        Must evaluate the gradient once (at the proposal) and select the next
+        state with :func:`~numpyro_deer.core.gates.gated_select`.
+        """
+        ...
+
+    def rotate_tape(self, tape: Tape, basis: Array) -> Tape:
+        """The tape of the chain of ``u = Q^T x`` (``Q = basis`` orthogonal).
+
+        With the identity mass matrix the transition commutes with a rotation
+        once its Gaussian draws are rotated too, so the chain of ``u`` is
+        ``Q^T`` times the chain of ``x``.
+        """
+        ...
+
+
+class SequentialStep(NamedTuple):
+    """A faster form of the same step for sequential loops.
+
+    ``init(x) -> c`` and ``step(c, tape_t) -> (c, x_new)``, where the carry
+    ``c`` may hold what the next step reuses (the potential and gradient at
+    the current state, so a step costs one gradient evaluation instead of
+    two). It must compute the same ``x_new`` as the step function up to
+    rounding: where the solver uses it (the sweep) its values are only a
+    guess, tested by the step function like every other step.
+    """
+
+    init: Callable[[Array], Any]
+    step: Callable[[Any, Any], tuple[Any, Array]]
+
+
+def carry_at(potential_fn: PotentialFn, x: Array) -> Carry:
+    """``(x, U(x), grad U(x))``: what :meth:`Transition.step` carries."""
+    return (x, *jax.value_and_grad(potential_fn)(x))
+
+
+def make_step_fn(
+    transition: Transition,
+    potential_fn: PotentialFn,
+    step_size: Array,
+    mass_sqrt: Array | None = None,
+    gate: Gate = HardGate(),
+) -> Callable[[Array, Tape], tuple[Array, StepInfo]]:
+    """The taped transition ``f_t`` as a function ``(x, tape_t) -> (x_new, info)``.
+
+    This is the map the Newton solver linearises; it recomputes ``U(x)`` and its
+    gradient, so it is a pure function of ``x`` and the tape entry.
+    """
+
+    def step_fn(x: Array, tape_t: Tape) -> tuple[Array, StepInfo]:
+        carry = carry_at(potential_fn, x)
+        (x_new, _, _), info = transition.step(
+            potential_fn, step_size, carry, tape_t, mass_sqrt, gate
+        )
+        return x_new, info
+
+    return step_fn
+
+
+def make_sequential_step(
+    transition: Transition,
+    potential_fn: PotentialFn,
+    step_size: Array,
+    mass_sqrt: Array | None = None,
+    gate: Gate = HardGate(),
+) -> SequentialStep:
+    """The step of :func:`make_step_fn` with ``(x, U(x), grad U(x))`` carried.
+
+    For the sweep's sequential segments (``DEERSolver(sweep=k)``): each step
+    then costs one gradient evaluation instead of two.
+    """
+
+    def init(x):
+        return carry_at(potential_fn, x)
+
+    def advance(carry, tape_t):
+        carry, _ = transition.step(
+            potential_fn, step_size, carry, tape_t, mass_sqrt, gate
+        )
+        return carry, carry[0]
+
+    return SequentialStep(init, advance)
+
+
+def plain_sequential_step(step_fn: StepFn) -> SequentialStep:
+    """The step function itself as a :class:`SequentialStep` (carry ``= x``)."""
+
+    def step(x, tape_t):
+        x_new, _ = step_fn(x, tape_t)
+        return x_new, x_new
+
+    return SequentialStep(lambda x: x, step)
+
+
+def sequential_chain(
+    transition: Transition,
+    potential_fn: PotentialFn,
+    x0: Array,
+    tape: Tape,
+    step_size: Array,
+    mass_sqrt: Array | None = None,
+) -> tuple[Array, StepInfo]:
+    """The reference: the same taped chain with :func:`jax.lax.scan`.
+
+    The gradient at the current state is carried, so each step costs one
+    gradient evaluation. Given the same tape, this and the DEER solution are
+    the same chain.
+
+    Returns:
+        ``(states, infos)`` with states ``s_1 .. s_T`` of shape ``(T, D)``.
+    """
+
+    def body(carry, tape_t):
+        carry, info = transition.step(potential_fn, step_size, carry, tape_t, mass_sqrt)
+        return carry, (carry[0], info)
+
+    _, (states, infos) = jax.lax.scan(body, carry_at(potential_fn, x0), tape)
+    return states, infos
+
+
+def finish_chain(
+    transition: Transition,
+    potential_fn: PotentialFn,
+    x0: Array,
+    tape: Tape,
+    step_size: Array,
+    states: Array,
+    infos: StepInfo,
+    start: Array,
+    mass_sqrt: Array | None = None,
+) -> tuple[Array, StepInfo]:
+    """Complete a partly solved block sequentially from step ``start``.
+
+    ``states[:start]`` (with their ``infos``) are kept, and steps
+    ``start .. T-1`` are computed one after the other from ``states[start - 1]``
+    (``x0`` when ``start == 0``) with the same tape, as :func:`sequential_chain`
+    does. Used when a DEER solve stops before the end of its block: only the
+    steps past its front are recomputed, so a block's cost is never more than
+    the solve's iterations plus ``T - front`` sequential steps.
+    """
+    num_steps = states.shape[0]
+    x_start = jnp.where(start > 0, states[jnp.maximum(start - 1, 0)], x0)
+
+    def body(t, carry):
+        chain, states, infos = carry
+        tape_t = jax.tree.map(lambda a: a[t], tape)
+        chain, info = transition.step(potential_fn, step_size, chain, tape_t, mass_sqrt)
+        states = states.at[t].set(chain[0])
+        infos = jax.tree.map(lambda a, v: a.at[t].set(v), infos, info)
+        return chain, states, infos
+
+    carry = (carry_at(potential_fn, x_start), states, infos)
+    _, states, infos = jax.lax.fori_loop(start, num_steps, body, carry)
+    return states, infos

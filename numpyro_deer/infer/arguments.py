@@ -1,0 +1,84 @@
+"""The kernel's arguments, checked when it is built: each error names the
+argument and says what to pass instead."""
+
+from __future__ import annotations
+
+import math
+import numbers
+from collections.abc import Callable
+
+from ..core.newton import DEERSolver
+from .convergence import ON_FAILURE
+
+MASS_ADAPTATIONS = (True, False, "hessian", "auto")
+METHODS = ("deer", "sequential")
+
+
+def check_kernel_arguments(
+    name: str,
+    *,
+    model: Callable | None,
+    potential_fn: Callable | None,
+    step_size: float,
+    adapt_step_size: bool,
+    adapt_mass_matrix: bool | str,
+    dense_mass: bool,
+    target_accept_prob: float,
+    block_size: int,
+    method: str,
+    solver: DEERSolver,
+    on_failure: str,
+) -> None:
+    """Raise ``ValueError`` (naming the argument) for an unusable value."""
+    if (model is None) == (potential_fn is None):
+        raise ValueError(f"{name} needs exactly one of `model` or `potential_fn`.")
+    if not (
+        isinstance(block_size, numbers.Integral)
+        and not isinstance(block_size, bool)
+        and block_size >= 1
+    ):
+        raise ValueError(f"block_size={block_size!r}: use an integer >= 1.")
+    if not (
+        isinstance(step_size, numbers.Real)
+        and not isinstance(step_size, bool)
+        and math.isfinite(step_size)
+        and step_size > 0
+    ):
+        raise ValueError(f"step_size={step_size!r}: use a finite positive number.")
+    if not isinstance(adapt_step_size, bool):
+        raise ValueError(f"adapt_step_size={adapt_step_size!r}: use True or False.")
+    if not (
+        isinstance(target_accept_prob, numbers.Real) and 0 < target_accept_prob < 1
+    ):
+        raise ValueError(
+            f"target_accept_prob={target_accept_prob!r}: use a value in (0, 1)."
+        )
+    if not any(
+        adapt_mass_matrix is value or adapt_mass_matrix == value
+        for value in MASS_ADAPTATIONS
+        if isinstance(value, str) == isinstance(adapt_mass_matrix, str)
+    ):
+        raise ValueError(
+            f"adapt_mass_matrix={adapt_mass_matrix!r}: use 'auto' (the default), "
+            "True (the draws' covariance), False or 'hessian' (the inverse mean "
+            "Hessian)."
+        )
+    if not isinstance(dense_mass, bool):
+        raise ValueError(
+            f"{name} supports dense_mass=True or False, not a list of site groups."
+        )
+    if method not in METHODS:
+        raise ValueError(
+            f"method={method!r}: use 'deer' (parallel Newton) or 'sequential'."
+        )
+    if not isinstance(solver, DEERSolver):
+        raise ValueError(
+            f"solver={solver!r}: pass a DEERSolver, e.g. "
+            "solver=DEERSolver(sweep=16); the solver's settings (jacobian, gate, "
+            "tolerances, max_iter, sweep, solve_basis) are its fields."
+        )
+    if on_failure not in ON_FAILURE:
+        raise ValueError(
+            f"on_failure={on_failure!r}: use 'sequential' (finish the block one "
+            "step after the other, exact), 'warn' or 'raise'."
+        )

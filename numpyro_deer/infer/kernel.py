@@ -1,0 +1,465 @@
+"""The NumPyro kernel: a taped transition solved in blocks by DEER.
+
+:class:`_DEERKernel` is the kernel for any :class:`~numpyro_deer.core.Transition`
+(initialisation, warmup with NumPyro's adaptation, the block buffer, the
+failure policy). A transition's public kernel subclasses it:
+:class:`~numpyro_deer.DEERMALA` (:mod:`numpyro_deer.infer.mala`) for MALA.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from functools import partial
+
+import jax
+import jax.numpy as jnp
+from jax.flatten_util import ravel_pytree
+from numpyro.infer.initialization import init_to_uniform
+from numpyro.infer.mcmc import MCMCKernel
+from numpyro.infer.util import initialize_model
+from numpyro.util import identity, is_prng_key
+
+from ..core.newton import DEERSolver
+from ..core.transition import Transition
+from .arguments import check_kernel_arguments
+from .block import (
+    NUM_CURVATURE_POINTS,
+    DEERMALAState,
+    emit_draw,
+    empty_block,
+    needs_refill,
+    refill_block,
+)
+from .chains import (
+    check_initial_potential,
+    float_params,
+    has_chain_axis,
+    map_chains,
+    on_cpu,
+)
+from .checks import (
+    UnsupportedModelError,
+    check_model,
+    non_finite_sites_message,
+    translate_tracer_errors,
+)
+from .convergence import raise_unconverged, warn_unconverged
+from .hessian_mass import resolve_mass_adaptation
+from .memory import check_buffer_memory
+from .warmup import (
+    batched_hessian_window_end,
+    build_adapter,
+    find_reasonable_step_size,
+    warmup_step,
+)
+
+MATMUL_PRECISION = "highest"
+"""Precision of the kernel's matrix products (``jax.default_matmul_precision``):
+float32 products are not computed in TF32 on GPUs, which would make the batched
+and the sequential evaluation of a step differ far beyond float32 rounding."""
+
+
+class _DEERKernel(MCMCKernel):
+    """A taped transition as a NumPyro kernel whose blocks DEER solves.
+
+    ``transition`` is the :class:`~numpyro_deer.core.Transition` (warmup takes
+    one :meth:`~numpyro_deer.core.Transition.step` per draw on a one-step tape;
+    sampling solves blocks of its steps); the other arguments are those of
+    :class:`~numpyro_deer.DEERMALA`. Subclasses fix the transition and document the
+    arguments.
+    """
+
+    sample_field = "z"
+
+    def __init__(
+        self,
+        transition: Transition,
+        model: Callable | None = None,
+        potential_fn: Callable | None = None,
+        *,
+        step_size: float = 1.0,
+        adapt_step_size: bool = True,
+        adapt_mass_matrix: bool | str = "auto",
+        dense_mass: bool = False,
+        target_accept_prob: float = 0.9,
+        init_strategy: Callable = init_to_uniform,
+        block_size: int = 4096,
+        method: str = "deer",
+        solver: DEERSolver = DEERSolver(),
+        on_failure: str = "sequential",
+        validate_model: bool = True,
+    ):
+        name = type(self).__name__
+        check_kernel_arguments(
+            name,
+            model=model,
+            potential_fn=potential_fn,
+            step_size=step_size,
+            adapt_step_size=adapt_step_size,
+            adapt_mass_matrix=adapt_mass_matrix,
+            dense_mass=dense_mass,
+            target_accept_prob=target_accept_prob,
+            block_size=block_size,
+            method=method,
+            solver=solver,
+            on_failure=on_failure,
+        )
+        self._transition = transition
+        self._solver = solver
+        self._method = method
+        self._on_failure = on_failure
+        self._model = model
+        self._potential_fn = potential_fn
+        self._step_size = float(step_size)
+        self._block_size = int(block_size)
+        self._adapt_step_size = adapt_step_size
+        self._adapt_mass_matrix = adapt_mass_matrix
+        # "auto" resolved against the latent dimension at init
+        self._mass_adaptation = adapt_mass_matrix
+        self._dense_mass = dense_mass
+        self._target_accept_prob = target_accept_prob
+        self._init_strategy = init_strategy
+        self._validate_model = validate_model
+        self._num_warmup = 0
+        self._potential_fn_gen = None
+        self._postprocess_fn = None
+        self._unravel = None
+        self._sample_fn = None
+        self._warned_unconverged = False
+
+    # ------------------------------------------------------------------ props
+    @property
+    def model(self):
+        return self._model
+
+    @property
+    def block_size(self) -> int:
+        return self._block_size
+
+    @property
+    def solver(self) -> DEERSolver:
+        return self._solver
+
+    @property
+    def on_failure(self) -> str:
+        return self._on_failure
+
+    @property
+    def transition(self) -> Transition:
+        return self._transition
+
+    @property
+    def default_fields(self):
+        return (
+            "z",
+            "diverging",
+            "potential_energy",
+            "accept_prob",
+            "adapt_state.step_size",
+        )
+
+    def get_diagnostics_str(self, state):
+        return f"acc. prob={state.mean_accept_prob:.2f}"
+
+    # --------------------------------------------------------------- potential
+    def _potential(self, model_args, model_kwargs) -> Callable:
+        if self._potential_fn_gen is not None:
+            model_kwargs = {} if model_kwargs is None else model_kwargs
+            return self._potential_fn_gen(*model_args, **model_kwargs)
+        return self._potential_fn
+
+    def _potential_flat(self, model_args, model_kwargs) -> Callable:
+        potential = self._potential(model_args, model_kwargs)
+        unravel = self._unravel
+        return lambda x: potential(unravel(x))
+
+    @property
+    def mass_adaptation(self) -> bool | str:
+        """How warmup adapts the mass matrix: ``"hessian"``, ``True`` (NumPyro's
+        windowed covariance) or ``False``; ``"auto"`` until :meth:`init`."""
+        return self._mass_adaptation
+
+    def _adapter(self, potential_flat, window_end=True):
+        return build_adapter(
+            potential_flat,
+            self._num_warmup,
+            mass_adaptation=self._mass_adaptation,
+            dense_mass=self._dense_mass,
+            adapt_step_size=self._adapt_step_size,
+            target_accept_prob=self._target_accept_prob,
+            window_end=window_end,
+            transition=self._transition,
+        )
+
+    # -------------------------------------------------------------------- init
+    def _init_model(self, rng_key, model_args, model_kwargs, init_params):
+        if self._model is None:
+            if init_params is None:
+                raise ValueError(
+                    "DEERMALA(potential_fn=...) needs `init_params`: pass them to "
+                    "MCMC.run(rng_key, init_params=...)."
+                )
+            return init_params
+        if self._validate_model:
+            check_model(self._model, model_args, model_kwargs, rng_key)
+        try:
+            with translate_tracer_errors():
+                params_info, self._potential_fn_gen, self._postprocess_fn, _ = (
+                    initialize_model(
+                        rng_key,
+                        self._model,
+                        dynamic_args=True,
+                        init_strategy=self._init_strategy,
+                        model_args=model_args,
+                        model_kwargs=model_kwargs,
+                    )
+                )
+        except RuntimeError as err:
+            if "Cannot find valid initial parameters" not in str(err):
+                raise
+            raise RuntimeError(
+                str(err)
+                + " "
+                + non_finite_sites_message(
+                    self._model, model_args, model_kwargs, rng_key
+                )
+            ) from err
+        return params_info[0] if init_params is None else init_params
+
+    def init(self, rng_key, num_warmup, init_params, model_args, model_kwargs):
+        self._num_warmup = num_warmup
+        self._warned_unconverged = False
+        vectorized = not is_prng_key(rng_key)
+        if vectorized:
+            # the chain axis comes from where the parameters came from: the
+            # user's init_params carry one (as for NumPyro's kernels), the
+            # kernel's own initialization is vmapped over the chains' keys
+            num_chains = rng_key.shape[0]
+            rng_key, key_model = jnp.swapaxes(jax.vmap(jax.random.split)(rng_key), 0, 1)
+            user_params = init_params
+            init_params = self._init_model(
+                key_model[0], model_args, model_kwargs, init_params
+            )
+            if user_params is None:
+                params = self._init_model
+                init_params = jax.vmap(
+                    lambda k: params(k, model_args, model_kwargs, None)
+                )(key_model)
+            elif not has_chain_axis(init_params, num_chains):
+                raise ValueError(
+                    "init_params for vectorized chains need a leading axis of "
+                    f"length num_chains={num_chains} on every site."
+                )
+        else:
+            rng_key, key_model = jax.random.split(rng_key)
+            init_params = self._init_model(
+                key_model, model_args, model_kwargs, init_params
+            )
+        init_params = float_params(init_params)
+        one = jax.tree.map(lambda x: x[0], init_params) if vectorized else init_params
+        flat, self._unravel = ravel_pytree(one)
+        if flat.size == 0:
+            raise UnsupportedModelError(
+                "DEERMALA: the model has no latent sample sites (nothing to "
+                "sample): every numpyro.sample site is observed or the model has "
+                "none. Use numpyro.infer.Predictive to draw from it."
+            )
+        self._mass_adaptation = resolve_mass_adaptation(
+            self._adapt_mass_matrix, self._dense_mass, flat.size
+        )
+        check_buffer_memory(
+            self._block_size,
+            flat.size,
+            flat.dtype,
+            num_chains=rng_key.shape[0] if vectorized else 1,
+        )
+        potential_flat = self._potential_flat(model_args, model_kwargs)
+        wa_init, _ = self._adapter(potential_flat)
+
+        def init_one(params, key):
+            key, key_wa = jax.random.split(key)
+            z_flat = ravel_pytree(params)[0]
+            with translate_tracer_errors():
+                pe = potential_flat(z_flat)
+            adapt = wa_init(
+                (z_flat,), key_wa, self._step_size, mass_matrix_size=z_flat.size
+            )
+            zero = jnp.zeros((), z_flat.dtype)
+            return DEERMALAState(
+                i=jnp.zeros((), jnp.int32),
+                z=params,
+                potential_energy=pe,
+                accept_prob=zero,
+                mean_accept_prob=zero,
+                diverging=jnp.zeros((), bool),
+                newton_iterations=jnp.zeros((), jnp.int32),
+                deer_converged=jnp.ones((), bool),
+                adapt_state=adapt,
+                rng_key=key,
+                block=empty_block(self._block_size, z_flat, key),
+                curvature_points=jnp.broadcast_to(
+                    z_flat, (NUM_CURVATURE_POINTS,) + z_flat.shape
+                ),
+            )
+
+        with self._precision():
+            state = (jax.jit(jax.vmap(init_one)) if vectorized else jax.jit(init_one))(
+                init_params, rng_key
+            )
+        self._sample_fn = partial(self._sample, batched=vectorized)
+        check_initial_potential(state.potential_energy)
+        return state
+
+    # ------------------------------------------------------------------ sample
+    @staticmethod
+    def _precision():
+        return jax.default_matmul_precision(MATMUL_PRECISION)
+
+    def block_warmup(self, state, model_args, model_kwargs, batched=False):
+        """One warmup step (the driver calls this while ``i < num_warmup``)."""
+        with self._precision(), translate_tracer_errors():
+            return self._block_warmup(state, model_args, model_kwargs, batched)
+
+    def _block_warmup(self, state, model_args, model_kwargs, batched):
+        potential_flat = self._potential_flat(model_args, model_kwargs)
+        # vectorized chains take the Hessian metric once for all (see
+        # batched_hessian_window_end), not inside vmap; on the CPU the chains
+        # are mapped one after the other (see map_chains), so each chain's
+        # window end is a plain cond
+        shared_end = batched and self._mass_adaptation == "hessian" and not on_cpu()
+        _, wa_update = self._adapter(potential_flat, window_end=not shared_end)
+        step = partial(
+            warmup_step,
+            potential_flat=potential_flat,
+            adapter_update=wa_update,
+            num_warmup=self._num_warmup,
+            unravel=self._unravel,
+            transition=self._transition,
+        )
+        if not batched:
+            return step(state)
+        new = map_chains(step, state)
+        if not shared_end:
+            return new
+        find_step_size = None
+        if self._adapt_step_size:
+            find_step_size = partial(
+                find_reasonable_step_size,
+                potential_flat,
+                self._target_accept_prob,
+                transition=self._transition,
+            )
+        adapt = batched_hessian_window_end(
+            state.adapt_state,
+            new.adapt_state,
+            potential_flat,
+            new.curvature_points,
+            jax.vmap(lambda z: ravel_pytree(z)[0])(new.z),
+            self._num_warmup,
+            find_step_size,
+        )
+        return new._replace(adapt_state=adapt)
+
+    def block_refill(self, state, model_args, model_kwargs, batched=False):
+        """Solve a new block where the buffer is used up or the key was replaced."""
+        with self._precision(), translate_tracer_errors():
+            return self._block_refill(state, model_args, model_kwargs, batched)
+
+    def _block_refill(self, state, model_args, model_kwargs, batched):
+        potential_flat = self._potential_flat(model_args, model_kwargs)
+        ravel = lambda z: ravel_pytree(z)[0]  # noqa: E731
+
+        # Chains solved together: the solver is told so (see DEERSolver.vmapped).
+        solver = dataclasses.replace(self._solver, vmapped=batched and not on_cpu())
+
+        def refill(s):
+            return refill_block(
+                s,
+                potential_flat,
+                ravel,
+                solver,
+                self._method,
+                self._on_failure,
+                self._transition,
+            )
+
+        if batched:
+            fresh = jax.vmap(needs_refill)(state)
+            new = jax.lax.cond(
+                jnp.any(fresh), lambda s: map_chains(refill, s), identity, state
+            )
+        else:
+            fresh = needs_refill(state)
+            new = jax.lax.cond(fresh, refill, identity, state)
+        if self._on_failure == "raise":
+            # the error comes from the host, through the compiled program
+            result = jnp.where(fresh, new.block.info.result, 0)
+            jax.lax.cond(
+                jnp.any(result != 0),
+                lambda: jax.debug.callback(raise_unconverged, result),
+                lambda: None,
+            )
+        return new
+
+    def block_emit(self, state, k, batched=False):
+        """The state after handing out buffer entry ``k`` (all chains if batched)."""
+        emit = partial(emit_draw, unravel=self._unravel, num_warmup=self._num_warmup)
+        if batched:
+            return jax.vmap(emit, in_axes=(0, None))(state, k)
+        return emit(state, k)
+
+    def _sample(self, state, model_args, model_kwargs, batched):
+        """One draw: a warmup step, or the next entry of the (refilled) block.
+
+        With ``batched`` (vectorized chains) the chains share one iteration
+        count and one block index, so both branches are chosen once for all.
+        """
+
+        def warmup(s):
+            return self._block_warmup(s, model_args, model_kwargs, batched)
+
+        def sampling(s):
+            s = self._block_refill(s, model_args, model_kwargs, batched)
+            index = s.block.index[0] if batched else s.block.index
+            # a block just solved (index 0) that did not converge is reported
+            # from the host; the driver counts blocks itself instead
+            failed = (index == 0) & ~s.block.info.converged
+            if self._on_failure == "raise":  # raised by the refill already
+                return self.block_emit(s, index, batched=batched)
+            jax.lax.cond(
+                jnp.any(failed),
+                lambda: jax.debug.callback(
+                    self._report_unconverged,
+                    jnp.sum(failed, dtype=jnp.int32),
+                    jnp.max(jnp.where(failed, s.block.info.result, 0)),
+                ),
+                lambda: None,
+            )
+            return self.block_emit(s, index, batched=batched)
+
+        i = state.i[0] if batched else state.i
+        return jax.lax.cond(i < self._num_warmup, warmup, sampling, state)
+
+    def _report_unconverged(self, failed, result) -> None:
+        """Warn, once per ``init``, that a block's solve did not converge."""
+        if self._warned_unconverged:
+            return
+        self._warned_unconverged = True
+        warn_unconverged(int(failed), None, self._on_failure, 1 << int(result))
+
+    def sample(self, state, model_args, model_kwargs):
+        with self._precision(), translate_tracer_errors():
+            return self._sample_fn(state, model_args, model_kwargs)
+
+    def postprocess_fn(self, model_args, model_kwargs):
+        if self._postprocess_fn is None:
+            return identity
+        model_kwargs = {} if model_kwargs is None else model_kwargs
+        return self._postprocess_fn(*model_args, **model_kwargs)
+
+    def __getstate__(self):
+        state = self.__dict__.copy()
+        for name in ("_sample_fn", "_potential_fn_gen", "_postprocess_fn", "_unravel"):
+            state[name] = None
+        return state

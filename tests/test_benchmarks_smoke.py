@@ -1,0 +1,146 @@
+"""Smoke tests of the scripts in ``benchmarks/``: each runs at a tiny size.
+
+Every script runs as a subprocess on the CPU (a few dozen draws on eight
+schools, blocks of 16) and must exit with 0 and write its JSON, so that a
+change of the package cannot leave a benchmark broken until the next GPU run.
+Compilation dominates their run time.
+"""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+BENCHMARKS = ROOT / "benchmarks"
+TINY_MODEL = ["--models", "eight_schools", "--warmup", "20"]
+
+CASES = {
+    "suite.py": [
+        *TINY_MODEL,
+        "--draws",
+        "32",
+        "--block-size",
+        "16",
+        "--nuts-draws",
+        "20",
+        "--nuts-warmup",
+        "20",
+        "--skip-blackjax",
+        "--repeats",
+        "1",
+    ],
+    "ablation.py": [
+        *TINY_MODEL,
+        "--block-size",
+        "16",
+        "--blocks",
+        "1",
+        "--variants",
+        "baseline",
+    ],
+    "iteration_cost.py": [
+        *TINY_MODEL,
+        "--block-size",
+        "16",
+        "--repeats",
+        "1",
+        "--precisions",
+        "highest",
+    ],
+    "driver_overhead.py": [
+        "--model",
+        "eight_schools",
+        "--draws",
+        "32",
+        "--block-size",
+        "16",
+        "--warmup",
+        "20",
+        "--repeats",
+        "1",
+    ],
+    "vectorized_chains.py": [
+        *TINY_MODEL,
+        "--chains",
+        "2",
+        "--block-size",
+        "16",
+        "--blocks",
+        "1",
+        "--sweeps",
+        "0",
+        "--repeats",
+        "1",
+    ],
+    "scaling.py": [
+        "--devices",
+        "1",
+        "2",
+        "--block-sizes",
+        "64",
+        "--per-device",
+        "32",
+        "--repeats",
+        "1",
+    ],
+    "make_references.py": [
+        "--models",
+        "eight_schools",
+        "--chains",
+        "1",
+        "--draws",
+        "20",
+        "--warmup",
+        "20",
+    ],
+}
+# scripts that write a folder of JSON files (``--out DIR``) instead of one file
+WRITES_FOLDER = {"make_references.py"}
+# scripts that are not benchmarks run on their own
+HELPERS = {"_setup.py", "common.py", "models.py", "plot.py", "__init__.py"}
+# the race and its modules: tests/test_race_smoke.py runs them
+TESTED_ELSEWHERE = {"race.py", "race_samplers.py", "gym_models.py"}
+
+
+def test_every_benchmark_script_is_tested():
+    scripts = {p.name for p in BENCHMARKS.glob("*.py")} - HELPERS - TESTED_ELSEWHERE
+    assert scripts == set(CASES)
+
+
+@pytest.mark.parametrize("script", sorted(CASES))
+def test_benchmark_runs_at_a_tiny_size(script, tmp_path):
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    env["PYTHONPATH"] = os.pathsep.join(
+        p for p in (str(ROOT), env.get("PYTHONPATH")) if p
+    )
+    out = tmp_path / "out.json"
+    output = ["--json", str(out)]
+    if script in WRITES_FOLDER:
+        output = ["--out", str(tmp_path)]
+        out = tmp_path / "eight_schools.json"
+    result = subprocess.run(
+        [sys.executable, str(BENCHMARKS / script), *CASES[script], *output],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert json.loads(out.read_text())
+    if script == "suite.py":  # plot.py draws the suite's JSON
+        png = tmp_path / "speedup.png"
+        plot = subprocess.run(
+            [sys.executable, str(BENCHMARKS / "plot.py"), str(out), "-o", str(png)],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert plot.returncode == 0, plot.stdout[-3000:] + plot.stderr[-3000:]
+        assert png.stat().st_size > 0

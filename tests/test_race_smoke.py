@@ -1,0 +1,114 @@
+"""Smoke test of the race (``benchmarks/race.py``) at tiny sizes.
+
+The scoring is checked against exact moments; each competitor that is
+importable here runs one tiny segment on eight schools against its stored
+reference; the Inference Gym models' log densities are compared with the Gym's
+``unnormalized_log_prob`` (skipped where the Gym is not installed).
+"""
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+
+import gym_models  # noqa: E402
+import race  # noqa: E402
+import race_samplers  # noqa: E402
+
+TINY = {
+    "platform": "cpu",
+    "seed": 0,
+    "budget_s": 0.0,  # one segment, then stop
+    "x64": False,
+    "nuts_warmup": 50,
+    "nuts_segment": 20,
+    "mala_warmup": 50,
+    "block_size": 32,
+    "hmc_warmup": 20,
+    "hmc_segment": 10,
+}
+
+
+def test_tracker_scores_against_the_truth():
+    truth = {"a": gym_models.Truth(np.array([1.0, -2.0]), np.array([2.0, 0.5]))}
+    tracker = race.Tracker(truth, budget_s=1e9, stop_at=1e-4)
+    tracker.warmup_done(0.0)
+    # one draw per chain, two chains: x = m -/+ s, so the mean is exact and
+    # the second moment is m^2 + s^2 exactly
+    m, s = truth["a"]
+    s1 = (2 * m)[None]
+    s2 = ((m - s) ** 2 + (m + s) ** 2)[None]
+    tracker.segment(s1, s2, chains=2, grads=4.0)
+    c = tracker.checkpoints[-1]
+    assert c["err_mean"] == pytest.approx(0.0, abs=1e-12)
+    assert c["err_second"] == pytest.approx(0.0, abs=1e-12)
+    assert tracker.reached(1e-4)["grads"] == 4.0
+    # half the draws off by half an sd in one component: mean off by s/4
+    tracker.segment((2 * (m + [0.0, 0.25]))[None], s2, chains=2, grads=4.0)
+    e1, _ = tracker.errors(tracker.s1, tracker.s2, 4)
+    assert e1 == pytest.approx((0.125 / 0.5) ** 2, rel=1e-9)
+
+
+def _available(sampler):
+    if (
+        sampler in race_samplers.BLACKJAX_SAMPLERS
+        and not race_samplers.blackjax_available()
+    ):
+        pytest.skip("BlackJAX not installed")
+
+
+@pytest.mark.parametrize(
+    "sampler, chains",
+    [
+        ("nuts_diag", 1),
+        ("mala_seq", 2),
+        ("deer", 1),
+        ("chees", 4),
+        ("meads", 4),
+        ("adjusted_mclmc", 4),
+    ],
+)
+def test_competitor_runs_one_segment(sampler, chains):
+    _available(sampler)
+    row = race.run_one(
+        {**TINY, "target": "eight_schools", "sampler": sampler, "chains": chains}
+    )
+    assert row["status"] == "ok", row["status"]
+    assert row["draws_per_chain"] > 0
+    assert row["grads_warmup"] > 0
+    c = row["checkpoints"][-1]
+    assert np.isfinite(c["err_mean"]) and np.isfinite(c["err_second"])
+    assert c["grads"] > row["grads_warmup"]
+    assert row["dim"] == 18  # mu, tau, theta_tilde (8) and the deterministic theta (8)
+
+
+def test_summary_names_the_winner_and_ratio():
+    def row(sampler, wall, grads):
+        hit = {"wall_s": wall, "grads": grads}
+        return {
+            "target": "t",
+            "sampler": sampler,
+            "chains": 1,
+            "reached": {"0.01": hit},
+        }
+
+    lines = race.summary(
+        [row("deer", 4.0, 10.0), row("nuts_diag", 2.0, 20.0)],
+        ["t"],
+        ["deer", "nuts_diag"],
+    )
+    assert "| t | 0.01 | nuts_diag (1) | 2.0 | 4.0 (1) | 2.00 | 0.50 |" in lines
+
+
+@pytest.mark.parametrize("name", list(gym_models.GYM_TARGETS))
+def test_gym_model_log_density_matches_the_gym(name):
+    pytest.importorskip("inference_gym")
+    pytest.importorskip("tensorflow_probability")
+    target = gym_models.get_target(name)
+    gaps = gym_models.gym_log_density_gap(target, num_points=4)
+    # the same density up to a constant; float32 rounding of values of order 1e4
+    scale = max(1.0, np.max(np.abs(gaps)))
+    assert np.ptp(gaps) < 1e-5 * scale + 5e-3, gaps
