@@ -24,6 +24,8 @@ _NUMPYRO_LAYER = {
     "DEERConvergenceWarning": ".infer.convergence",
     "DEERMALA": ".infer.mala",
     "MCMC": ".infer.driver",
+    "SlowDriverWarning": ".infer.method",
+    "WarmupTransitWarning": ".infer.transit",
     "UnsupportedModelError": ".infer.checks",
     "check_model": ".infer.checks",
 }
@@ -33,6 +35,8 @@ if TYPE_CHECKING:  # pragma: no cover
     from .infer.convergence import DEERConvergenceError, DEERConvergenceWarning
     from .infer.driver import MCMC
     from .infer.mala import DEERMALA
+    from .infer.method import SlowDriverWarning
+    from .infer.transit import WarmupTransitWarning
 
 
 def _public(obj):
@@ -74,7 +78,9 @@ __all__ = [
     "HardGate",
     "MCMC",
     "SigmoidGate",
+    "SlowDriverWarning",
     "StochasticDiagonalJacobian",
     "UnsupportedModelError",
+    "WarmupTransitWarning",
     "check_model",
 ]
