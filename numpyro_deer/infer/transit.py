@@ -23,17 +23,21 @@ class WarmupTransitWarning(UserWarning):
     """A chain was still moving towards the posterior when warmup ended."""
 
 
-TRANSIT_RHAT = 1.2
+TRANSIT_RHAT = 1.5
 """Split R-hat of the potential energy over the last half of warmup above
 which a chain counts as in transit."""
+
+
+MIN_STEPS = 100
+"""Shortest warmup checked: its last half must hold 50 steps."""
 
 
 def warmup_transit(potential_energy: np.ndarray, num_warmup: int) -> str | None:
     """A warning message if some chain was in transit at the end of warmup.
 
     ``potential_energy``: shape ``(chains, num_warmup)``, every warmup step.
-    Checks the last half of warmup (at least 40 steps are needed; shorter
-    warmups are not checked): per chain, the split R-hat of the potential
+    Checks the last half of warmup (warmups shorter than :data:`MIN_STEPS`
+    are not checked): per chain, the split R-hat of the potential
     energy between its two quarters. ``None`` when no chain exceeds
     :data:`TRANSIT_RHAT`.
     """
@@ -41,7 +45,7 @@ def warmup_transit(potential_energy: np.ndarray, num_warmup: int) -> str | None:
     if pe.ndim == 1:
         pe = pe[None]
     steps = pe.shape[1]
-    if steps < 40 or not np.all(np.isfinite(pe)):
+    if steps < MIN_STEPS or not np.all(np.isfinite(pe)):
         return None
     half = pe[:, steps - steps // 2 :]
     rhat = np.array([float(split_gelman_rubin(chain[None])) for chain in half])
