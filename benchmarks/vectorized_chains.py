@@ -55,7 +55,9 @@ def warmup_chains(bench, model_args, model_kwargs, num_warmup, num_chains, key):
 def run_row(name, ns, bench, data, state, num_warmup, num_chains, sweep):
     model_args, model_kwargs = data
     solver = numpyro_deer.DEERSolver(sweep=sweep)
-    kernel = numpyro_deer.DEERMALA(bench.model, block_size=ns.block_size, solver=solver)
+    kernel = numpyro_deer.DEERMALA(
+        bench.model, block_size=ns.block_size, solver=solver, method="deer"
+    )
     # the first `num_chains` warmed-up chains, each with its own empty block
     # buffer (key) from a vectorized init of this kernel
     state = jax.tree.map(lambda x: x[:num_chains], state)

@@ -25,6 +25,8 @@ _NUMPYRO_LAYER = {
     "DEERHMC": ".infer.hmc",
     "DEERMALA": ".infer.mala",
     "MCMC": ".infer.driver",
+    "SlowDriverWarning": ".infer.method",
+    "WarmupTransitWarning": ".infer.transit",
     "UnsupportedModelError": ".infer.checks",
     "check_model": ".infer.checks",
 }
@@ -35,6 +37,8 @@ if TYPE_CHECKING:  # pragma: no cover
     from .infer.driver import MCMC
     from .infer.hmc import DEERHMC
     from .infer.mala import DEERMALA
+    from .infer.method import SlowDriverWarning
+    from .infer.transit import WarmupTransitWarning
 
 
 def _public(obj):
@@ -77,7 +81,9 @@ __all__ = [
     "HardGate",
     "MCMC",
     "SigmoidGate",
+    "SlowDriverWarning",
     "StochasticDiagonalJacobian",
     "UnsupportedModelError",
+    "WarmupTransitWarning",
     "check_model",
 ]

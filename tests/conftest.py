@@ -49,7 +49,9 @@ def stock_run():
     from .helpers import STOCK_RUN_CONFIG, gaussian_data
 
     args, kwargs = gaussian_data(3.0)
-    kernel = DEERMALA(gaussian_mean_model, block_size=STOCK_RUN_CONFIG["block_size"])
+    kernel = DEERMALA(
+        gaussian_mean_model, block_size=STOCK_RUN_CONFIG["block_size"], method="deer"
+    )
     mcmc = StockMCMC(kernel, **STOCK_RUN_CONFIG["mcmc"], progress_bar=False)
     mcmc.run(
         jax.random.PRNGKey(0), *args, **kwargs, extra_fields=STOCK_RUN_CONFIG["extra"]

@@ -96,3 +96,27 @@ def test_mkdocs_build_strict(tmp_path):
     assert 'id="numpyro_deer.DEERMALA"' in api
     changelog = (site / "changelog" / "index.html").read_text()
     assert "Unreleased" in changelog
+
+
+def test_generated_outputs_are_what_the_code_above_prints():
+    """``docs/generate_outputs.py`` replaces each marked block, and only those."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "generate_outputs", DOCS / "generate_outputs.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    MARKER, generate = module.MARKER, module.generate
+    page = (
+        "```python\nx = 2\nprint(x)\n```\n\n"
+        f"{MARKER}\n```text\nstale\n```\n\n"
+        "```text\nuntouched\n```\n\n"
+        "```python\nprint(x + 1)\n```\n\n"
+        f"{MARKER}\n```text\n```\n\n"
+        "```python\nraise AssertionError('after the last marker: not run')\n```\n"
+    )
+    new = generate(page, "page.md")
+    assert f"{MARKER}\n```text\n2\n```" in new
+    assert f"{MARKER}\n```text\n3\n```" in new
+    assert "untouched" in new and "stale" not in new

@@ -33,7 +33,7 @@ BLOCK = 64
 @pytest.mark.parametrize("chain_method", ["sequential", "vectorized", "parallel"])
 def test_chain_methods(chain_method):
     args, kwargs = _gaussian_data(1.0)
-    kernel = DEERMALA(gaussian_mean_model, block_size=32)
+    kernel = DEERMALA(gaussian_mean_model, block_size=32, method="deer")
     mcmc = StockMCMC(
         kernel,
         num_warmup=50,
@@ -105,7 +105,7 @@ def test_pickle_round_trip(stock_run):
 
 def test_rerun_on_new_data_uses_new_data():
     """The potential is rebuilt from the arguments given to ``sample``."""
-    kernel = DEERMALA(gaussian_mean_model, block_size=BLOCK)
+    kernel = DEERMALA(gaussian_mean_model, block_size=BLOCK, method="deer")
     mcmc = StockMCMC(
         kernel,
         num_warmup=100,
@@ -159,7 +159,7 @@ def test_bad_solver_settings_are_named(kwargs, match):
 
 def test_one_set_of_defaults():
     # the kernel's solver is DEERSolver(), whose strategy owns its settings
-    kernel = DEERMALA(gaussian_mean_model)
+    kernel = DEERMALA(gaussian_mean_model, method="deer")
     assert kernel.solver == DEERSolver()
     assert kernel.solver.jacobian == StochasticDiagonalJacobian(num_probes=1, clip=1.0)
     assert kernel.solver.gate == HardGate()

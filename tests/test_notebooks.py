@@ -1,20 +1,31 @@
-"""The notebooks in ``notebooks/`` run, and are committed without outputs.
+"""The notebooks in ``notebooks/`` run, and are committed with their outputs.
 
-Each notebook is executed with nbclient in a ``python3`` kernel of the Python
-running the tests, with ``NUMPYRO_DEER_NB_SMALL=1`` so that it picks tiny
-sizes. A cell that raises fails the test.
+``notebooks/execute.py`` makes the stored outputs (at the notebooks' own
+sizes). Here each notebook runs again through that script's ``execute``, with
+tiny sizes (``NUMPYRO_DEER_NB_SMALL=1``), in a ``python3`` kernel of the Python
+running the tests; a cell that raises fails the test. Nothing is written.
 """
 
+import importlib.util
 import json
-import os
-import sys
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
-SMALL_VARIABLE = "NUMPYRO_DEER_NB_SMALL"
+
+
+def _load_execute_script():
+    spec = importlib.util.spec_from_file_location(
+        "notebooks_execute", ROOT / "notebooks" / "execute.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+execute_script = _load_execute_script()
 
 
 def test_notebooks_exist():
@@ -22,58 +33,24 @@ def test_notebooks_exist():
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
-def test_notebook_is_committed_without_outputs(path):
+def test_notebook_is_committed_with_outputs(path):
+    """Every code cell ran, in order, without an error, at the default sizes."""
     notebook = json.loads(path.read_text())
-    for index, cell in enumerate(notebook["cells"]):
-        if cell["cell_type"] != "code":
-            continue
-        assert cell["outputs"] == [], f"{path.name}: cell {index} has outputs"
-        assert cell["execution_count"] is None, f"{path.name}: cell {index}"
-    source = "".join("".join(cell["source"]) for cell in notebook["cells"])
-    assert SMALL_VARIABLE in source, f"{path.name} does not read {SMALL_VARIABLE}"
-
-
-@pytest.fixture(scope="module")
-def kernel_env(tmp_path_factory):
-    """Environment whose ``python3`` kernel is this interpreter.
-
-    A kernelspec on ``JUPYTER_PATH`` takes precedence over any ``python3``
-    kernel installed for the user or the system.
-    """
-    spec_dir = tmp_path_factory.mktemp("jupyter") / "kernels" / "python3"
-    spec_dir.mkdir(parents=True)
-    spec = {
-        "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
-        "display_name": "Python 3 (tests)",
-        "language": "python",
-    }
-    (spec_dir / "kernel.json").write_text(json.dumps(spec))
-    pythonpath = os.pathsep.join(
-        p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p
-    )
-    return {
-        "JUPYTER_PATH": str(spec_dir.parent.parent),
-        "JUPYTER_PLATFORM_DIRS": "1",
-        "PYTHONPATH": pythonpath,
-        SMALL_VARIABLE: "1",
-    }
+    code = [cell for cell in notebook["cells"] if cell["cell_type"] == "code"]
+    counts = [cell["execution_count"] for cell in code]
+    assert counts == list(range(1, len(code) + 1)), f"{path.name}: {counts}"
+    for index, cell in enumerate(code):
+        types = {output["output_type"] for output in cell["outputs"]}
+        assert "error" not in types, f"{path.name}: code cell {index} has an error"
+    source = "".join("".join(cell["source"]) for cell in code)
+    assert execute_script.SMALL_VARIABLE in source, path.name
+    first = "".join("".join(output.get("text", "")) for output in code[0]["outputs"])
+    assert "SMALL=False" in first, f"{path.name} was stored at tiny sizes: {first}"
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
-def test_notebook_runs(path, kernel_env, monkeypatch):
-    for name, value in kernel_env.items():
-        monkeypatch.setenv(name, value)
-    import nbformat
-    from nbclient import NotebookClient
-
-    notebook = nbformat.read(path, as_version=4)
-    client = NotebookClient(
-        notebook,
-        timeout=600,
-        kernel_name="python3",
-        resources={"metadata": {"path": str(path.parent)}},
-    )
-    client.execute()  # raises CellExecutionError on the first failing cell
+def test_notebook_runs(path):
+    notebook = execute_script.execute(path, small=True, timeout=600)
     errors = [
         output
         for cell in notebook.cells
@@ -82,3 +59,5 @@ def test_notebook_runs(path, kernel_env, monkeypatch):
         if output.output_type == "error"
     ]
     assert not errors
+    first = next(cell for cell in notebook.cells if cell.cell_type == "code")
+    assert "SMALL=True" in "".join(o.get("text", "") for o in first.outputs)

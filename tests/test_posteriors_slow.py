@@ -39,7 +39,7 @@ def test_matches_long_nuts_reference(name):
     )
     nuts.run(jax.random.PRNGKey(1), *args, **kwargs)
     deer = MCMC(
-        DEERMALA(spec.model, block_size=1024),
+        DEERMALA(spec.model, block_size=1024, method="deer"),
         num_warmup=1000,
         num_samples=40960,
         progress_bar=False,

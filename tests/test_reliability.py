@@ -42,7 +42,7 @@ def location(y=None, z=None):
 # ------------------------------------------- 1: a latent of length num_chains
 @pytest.mark.parametrize("driver", [MCMC, StockMCMC])
 def test_vectorized_chains_with_latent_of_num_chains_length(driver):
-    kernel = DEERMALA(four_normals, block_size=32)
+    kernel = DEERMALA(four_normals, block_size=32, method="deer")
     mcmc = driver(
         kernel,
         num_warmup=100,
@@ -61,7 +61,7 @@ def test_vectorized_chains_with_latent_of_num_chains_length(driver):
 # ------------------------------------------------- 2: data refilled in place
 def test_data_refilled_in_place_is_read_again():
     data = np.zeros(20)
-    kernel = DEERMALA(location, block_size=32)
+    kernel = DEERMALA(location, block_size=32, method="deer")
     mcmc = MCMC(kernel, num_warmup=60, num_samples=200, progress_bar=False)
     mcmc.run(jax.random.PRNGKey(0), y=data)
     first = float(np.mean(mcmc.get_samples()["mu"]))
@@ -69,7 +69,7 @@ def test_data_refilled_in_place_is_read_again():
     mcmc.run(jax.random.PRNGKey(0), y=data)
     ours = mcmc.get_samples()["mu"]
     stock = StockMCMC(
-        DEERMALA(location, block_size=32),
+        DEERMALA(location, block_size=32, method="deer"),
         num_warmup=60,
         num_samples=200,
         progress_bar=False,
@@ -91,10 +91,14 @@ def test_data_refilled_in_place_is_read_again():
 def test_post_warmup_state_from_another_block_size(sizes):
     args, kwargs = gaussian_data(2.0)
     options = {"num_warmup": 60, "num_samples": 150, "progress_bar": False}
-    warm = MCMC(DEERMALA(gaussian_mean_model, block_size=sizes[0]), **options)
+    warm = MCMC(
+        DEERMALA(gaussian_mean_model, block_size=sizes[0], method="deer"), **options
+    )
     warm.warmup(jax.random.PRNGKey(3), *args, **kwargs)
     state = warm.post_warmup_state
-    other = MCMC(DEERMALA(gaussian_mean_model, block_size=sizes[1]), **options)
+    other = MCMC(
+        DEERMALA(gaussian_mean_model, block_size=sizes[1], method="deer"), **options
+    )
     other.post_warmup_state = state
     other.run(state.rng_key, *args, **kwargs)
     warm.run(state.rng_key, *args, **kwargs)
@@ -111,7 +115,7 @@ def test_block_loop_without_progress_raises(monkeypatch):
     monkeypatch.setattr(driver, "max_block_steps", lambda total, size: 1)
     args, kwargs = gaussian_data(2.0)
     mcmc = MCMC(
-        DEERMALA(gaussian_mean_model, block_size=16),
+        DEERMALA(gaussian_mean_model, block_size=16, method="deer"),
         num_warmup=20,
         num_samples=100,
         progress_bar=False,
@@ -129,7 +133,7 @@ HANG_SCRIPT = textwrap.dedent(
     def model():
         numpyro.sample("x", dist.Normal(jnp.zeros(64), 1.0).to_event(1))
 
-    kernel = DEERMALA(model, block_size=16, adapt_mass_matrix="hessian")
+    kernel = DEERMALA(model, block_size=16, adapt_mass_matrix="hessian", method="deer")
     mcmc = MCMC(kernel, num_warmup=60, num_samples=16, num_chains=4,
                 chain_method="vectorized", progress_bar=False)
     mcmc.run(jax.random.PRNGKey(0))
@@ -153,7 +157,7 @@ def test_vectorized_hessian_warmup_does_not_hang():
 # -------------------------------------- 5: non-convergence always surfaces
 def _unconverged_kernel():
     solver = DEERSolver(max_iter=1, max_solves=1)
-    return DEERMALA(gaussian_mean_model, block_size=32, solver=solver)
+    return DEERMALA(gaussian_mean_model, block_size=32, solver=solver, method="deer")
 
 
 def test_parallel_chains_warn_about_unconverged_blocks():
@@ -237,14 +241,19 @@ def test_bad_solver_settings_are_rejected_at_construction(build, match):
 
 
 def test_numpy_integer_block_size_is_accepted():
-    assert DEERMALA(gaussian_mean_model, block_size=np.int64(128)).block_size == 128
+    assert (
+        DEERMALA(
+            gaussian_mean_model, block_size=np.int64(128), method="deer"
+        ).block_size
+        == 128
+    )
 
 
 def test_model_without_latent_sites():
     def observed_only(y):
         numpyro.sample("y", dist.Normal(0.0, 1.0), obs=y)
 
-    mcmc = MCMC(DEERMALA(observed_only), num_warmup=5, num_samples=5)
+    mcmc = MCMC(DEERMALA(observed_only, method="deer"), num_warmup=5, num_samples=5)
     with pytest.raises(UnsupportedModelError, match="no latent sample sites"):
         mcmc.run(jax.random.PRNGKey(0), jnp.zeros(3))
 
@@ -255,7 +264,7 @@ def test_int_of_a_model_argument_under_jit_model_args():
         numpyro.sample("y", dist.Normal(mu, 1.0), obs=jnp.zeros(int(n)))
 
     mcmc = MCMC(
-        DEERMALA(sized, block_size=16),
+        DEERMALA(sized, block_size=16, method="deer"),
         num_warmup=5,
         num_samples=16,
         jit_model_args=True,
@@ -269,14 +278,19 @@ def test_int_of_a_model_argument_under_jit_model_args():
 def test_nan_in_the_data_names_the_site():
     data = np.zeros(5)
     data[2] = np.nan
-    mcmc = MCMC(DEERMALA(location), num_warmup=5, num_samples=5, progress_bar=False)
+    mcmc = MCMC(
+        DEERMALA(location, method="deer"),
+        num_warmup=5,
+        num_samples=5,
+        progress_bar=False,
+    )
     with pytest.raises(RuntimeError, match=r"not finite .* site\(s\) 'y' \(observed\)"):
         mcmc.run(jax.random.PRNGKey(0), y=data)
 
 
 def test_integer_init_params_are_taken_as_floats():
     mcmc = MCMC(
-        DEERMALA(location, block_size=16),
+        DEERMALA(location, block_size=16, method="deer"),
         num_warmup=10,
         num_samples=16,
         progress_bar=False,
@@ -291,7 +305,9 @@ def test_batched_hessian_window_end_matches_the_mapped_chains(monkeypatch):
     import numpyro_deer.infer.kernel as kernel_module
 
     def run():
-        kernel = DEERMALA(four_normals, block_size=16, adapt_mass_matrix="hessian")
+        kernel = DEERMALA(
+            four_normals, block_size=16, adapt_mass_matrix="hessian", method="deer"
+        )
         mcmc = MCMC(
             kernel,
             num_warmup=60,

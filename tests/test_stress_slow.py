@@ -39,8 +39,8 @@ MODELS = {"location": location, "regression": regression}
 
 def _pair(model, chain_method, num_chains, block_size=16):
     options = dict(SIZES, num_chains=num_chains, chain_method=chain_method)
-    ours = MCMC(DEERMALA(model, block_size=block_size), **options)
-    stock = StockMCMC(DEERMALA(model, block_size=block_size), **options)
+    ours = MCMC(DEERMALA(model, block_size=block_size, method="deer"), **options)
+    stock = StockMCMC(DEERMALA(model, block_size=block_size, method="deer"), **options)
     return ours, stock
 
 
@@ -82,10 +82,10 @@ def test_driver_matches_stock_mcmc(chain_method, model_name, seed):
 def test_block_size_change_between_warmup_and_run(sizes, seed):
     data = np.ones(10)
     options = dict(SIZES, num_chains=2, chain_method="vectorized")
-    warm = MCMC(DEERMALA(regression, block_size=sizes[0]), **options)
+    warm = MCMC(DEERMALA(regression, block_size=sizes[0], method="deer"), **options)
     warm.warmup(jax.random.PRNGKey(seed), data)
     state = warm.post_warmup_state
-    other = MCMC(DEERMALA(regression, block_size=sizes[1]), **options)
+    other = MCMC(DEERMALA(regression, block_size=sizes[1], method="deer"), **options)
     other.post_warmup_state = state
     other.run(state.rng_key, data)
     warm.run(state.rng_key, data)

@@ -28,7 +28,7 @@ def test_hierarchical_model_is_stationary_and_solved_after_its_warmup():
     spec = BENCHMARK_MODELS["hierarchical_logistic_regression"]
     args, kwargs = spec.make_data(0)
     mcmc = MCMC(
-        DEERMALA(spec.model, block_size=1024),
+        DEERMALA(spec.model, block_size=1024, method="deer"),
         num_warmup=spec.num_warmup,
         num_samples=4096,
         progress_bar=False,

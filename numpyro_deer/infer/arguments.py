@@ -11,7 +11,7 @@ from ..core.newton import DEERSolver
 from .convergence import ON_FAILURE
 
 MASS_ADAPTATIONS = (True, False, "hessian", "auto")
-METHODS = ("deer", "sequential")
+METHODS = ("auto", "deer", "sequential")
 
 
 def check_kernel_arguments(
@@ -69,7 +69,8 @@ def check_kernel_arguments(
         )
     if method not in METHODS:
         raise ValueError(
-            f"method={method!r}: use 'deer' (parallel Newton) or 'sequential'."
+            f"method={method!r}: use 'auto' (the default: the faster for the "
+            "device), 'deer' (parallel Newton) or 'sequential'."
         )
     if not isinstance(solver, DEERSolver):
         raise ValueError(

@@ -22,14 +22,18 @@ the stock loop. Compiled loop functions are cached on the object, so a second
 
 from __future__ import annotations
 
+import logging
+import time
+import warnings
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import numpyro.infer
-import tqdm
 
 from . import compile_cache, memory
 from . import numpyro_compat as compat
+from .block import needs_refill
 from .checks import translate_tracer_errors
 from .convergence import (
     DEERConvergenceError,
@@ -37,6 +41,11 @@ from .convergence import (
     reraise_convergence_error,
     warn_unconverged,
 )
+from .method import device_choice, measured_choice
+from .progress import Progress, block_postfix, next_chunk, warmup_postfix
+from .transit import WarmupTransitWarning, warmup_transit
+
+logger = logging.getLogger("numpyro_deer")
 
 __all__ = ["MCMC", "DEERConvergenceError", "DEERConvergenceWarning", "is_block_kernel"]
 
@@ -140,12 +149,12 @@ class MCMC(numpyro.infer.MCMC):
         kernel_key = getattr(self.sampler, "compile_key", lambda: None)()
         shared = None if kernel_key is None else ("loops", kernel_key, settings)
         try:
-            fns = self._block_fns.get(settings)
+            fns = self._block_fns.get((kernel_key, settings))
         except TypeError:  # unhashable non-array arguments: no caching
             return self._build_loop_fns(*settings)
         if fns is None:
             fns = compile_cache.cached(shared, lambda: self._build_loop_fns(*settings))
-            self._block_fns[settings] = fns
+            self._block_fns[(kernel_key, settings)] = fns
         return fns
 
     def _build_loop_fns(
@@ -171,17 +180,20 @@ class MCMC(numpyro.infer.MCMC):
         def collected(state, args, kwargs):
             return transform((state, args, kwargs))
 
-        def warmup_loop(state, collection, n0, n1, start_idx, dynamic):
+        def warmup_loop(state, collection, trace, n0, n1, start_idx, dynamic):
+            """Warmup steps ``n0`` to ``n1``; ``trace[n]`` is step ``n``'s
+            potential energy (for the warmup check)."""
             args, kwargs = unflatten(dynamic)
 
             def body(n, carry):
-                state, collection = carry
+                state, collection, trace = carry
                 state = kernel.block_warmup(state, args, kwargs, batched=batched)
                 slot = _collection_slots(n, start_idx, thinning, True, size)
                 value = jax.tree.map(lambda x: x[None], collected(state, args, kwargs))
-                return state, _scatter(collection, slot[None], value)
+                trace = trace.at[n].set(state.potential_energy, mode="drop")
+                return state, _scatter(collection, slot[None], value), trace
 
-            return jax.lax.fori_loop(n0, n1, body, (state, collection))
+            return jax.lax.fori_loop(n0, n1, body, (state, collection, trace))
 
         def block_step(
             state, collection, done, stats, n_offset, total, start_idx, dynamic
@@ -219,9 +231,9 @@ class MCMC(numpyro.infer.MCMC):
             )
             return state, collection, done + consumed, stats
 
-        def run_all(state, collection, n_warmup, total, start_idx, dynamic):
-            state, collection = warmup_loop(
-                state, collection, 0, n_warmup, start_idx, dynamic
+        def run_all(state, collection, trace, n_warmup, total, start_idx, dynamic):
+            state, collection, trace = warmup_loop(
+                state, collection, trace, 0, n_warmup, start_idx, dynamic
             )
             zero = jnp.zeros((), jnp.int32)
             limit = max_block_steps(total, buffer_size(state, batched))
@@ -237,7 +249,7 @@ class MCMC(numpyro.infer.MCMC):
             state, collection, done, stats, _ = jax.lax.while_loop(
                 cond, body, (state, collection, zero, (zero, zero, zero), zero)
             )
-            return state, collection, stats, done
+            return state, collection, stats, done, trace
 
         # the collection is updated in place where the backend can donate
         donate = () if jax.default_backend() == "cpu" else (1,)
@@ -260,6 +272,9 @@ class MCMC(numpyro.infer.MCMC):
         compat.check_mcmc_internals(self)
         rng_key, init_state, init_params = init
         if init_state is None or getattr(self.sampler, "_sample_fn", None) is None:
+            if hasattr(self.sampler, "fit_block_size"):
+                # NumPyro's num_samples counts the steps, thinning included
+                self.sampler.fit_block_size(self.num_samples)
             new_state = self.sampler.init(
                 rng_key,
                 self.num_warmup,
@@ -277,52 +292,64 @@ class MCMC(numpyro.infer.MCMC):
         dynamic, static = compile_cache.split_model_args(
             args, kwargs, self._jit_model_args
         )
-        warmup_fn, block_fn, run_all, run_all_jit, collected, checked = self._loop_fns(
-            collect_fields, remove_sites, batched, size, static
-        )
+        traced = isinstance(init_state.i, jax.core.Tracer)
+        choose = self._method_to_choose(init_state, upper - n_warmup, batched, traced)
+
+        def loop_fns():
+            return self._loop_fns(collect_fields, remove_sites, batched, size, static)
+
+        warmup_fn, block_fn, run_all, run_all_jit, collected, checked = loop_fns()
         with translate_tracer_errors():
             proto = jax.eval_shape(collected, init_state, dynamic)
         collection = jax.tree.map(
             lambda s: jnp.zeros((size,) + s.shape, s.dtype), proto
         )
         total = upper - n_warmup
-        if total > 0 and not isinstance(init_state.i, jax.core.Tracer):
+        # one entry at least: a run without warmup writes nothing to it
+        trace_shape = (max(n_warmup, 1),) + jnp.shape(init_state.potential_energy)
+        trace = jnp.zeros(trace_shape)
+        trace = trace.astype(jnp.result_type(init_state.potential_energy))
+        if total > 0 and not traced:
             self._check_block_memory(
                 block_fn, init_state, collection, n_warmup, total, start_idx,
                 dynamic, checked,
             )  # fmt: skip
-        if isinstance(init_state.i, jax.core.Tracer):
+        if traced:
             # inside pmap or jit: one compiled loop, no progress bar; the
             # failed-block counts travel out with the state (see _run_parallel)
-            state, collection, stats, _ = run_all(
-                init_state, collection, n_warmup, total, start_idx, dynamic
+            state, collection, stats, _, _ = run_all(
+                init_state, collection, trace, n_warmup, total, start_idx, dynamic
             )
             jax.debug.callback(self._record_chain_stats, *stats)
-        elif not self.progress_bar:
+        elif not (self.progress_bar or choose):
             with translate_tracer_errors():
-                state, collection, stats, done = run_all_jit(
+                state, collection, stats, done, trace = run_all_jit(
                     init_state,
                     collection,
+                    trace,
                     _i32(n_warmup),
                     _i32(total),
                     _i32(start_idx),
                     dynamic,
                 )
+            self._check_warmup(trace, n_warmup)
             _check_progress(done, total, state, batched)
             self._warn_failed_blocks(stats)
         else:
             with translate_tracer_errors():
-                state, collection = self._run_with_progress(
+                state, collection = self._run_on_host(
                     warmup_fn,
-                    block_fn,
+                    loop_fns,
                     init_state,
                     collection,
+                    trace,
                     n_warmup,
                     total,
                     start_idx,
                     phase,
                     dynamic,
                     batched,
+                    choose,
                 )
         if len(collect_fields) == 1:
             collection = (collection,)
@@ -358,64 +385,132 @@ class MCMC(numpyro.infer.MCMC):
             start = int(np.min(np.asarray(state.i)))
         return max(0, min(upper, self.num_warmup - start))
 
-    def _run_with_progress(
+    def _method_to_choose(self, state, total: int, batched: bool, traced: bool):
+        """Whether this run measures which method is faster (``method="auto"``).
+
+        Only on an accelerator, once per kernel, when the first block step
+        solves a block and the run has at least two blocks. Otherwise an
+        ``"auto"`` kernel not yet decided takes the device's rule.
+        """
+        kernel = self.sampler
+        if getattr(kernel, "method", None) != "auto" or kernel.method_choice:
+            return False
+        choice = device_choice()
+        size = buffer_size(state, batched)
+        fresh = not traced and bool(
+            np.all(np.asarray(jax.vmap(needs_refill)(state) if batched else
+                              needs_refill(state)))
+        )  # fmt: skip
+        if choice.method == "sequential" or traced or total < 2 * size or not fresh:
+            kernel._set_method_choice(choice)
+            logger.info("method='auto': %s (%s)", choice.method, choice.reason)
+            return False
+        return True
+
+    def _check_warmup(self, trace, n_warmup: int) -> None:
+        """Warn if a chain was still in transit at the end of a full warmup."""
+        if n_warmup == 0 or n_warmup < self.num_warmup:
+            return
+        energies = np.asarray(trace)
+        energies = energies.T if energies.ndim == 2 else energies[None]
+        message = warmup_transit(energies, n_warmup)
+        if message is not None:
+            warnings.warn(message, WarmupTransitWarning, stacklevel=5)
+
+    def _run_on_host(
         self,
         warmup_fn,
-        block_fn,
+        loop_fns,
         state,
         collection,
+        trace,
         n_warmup,
         total,
         start_idx,
         phase,
         dynamic,
         batched,
+        choose,
     ):
-        """Warmup in about 20 chunks, then one block per call, with a tqdm bar."""
-        bar = tqdm.tqdm(total=n_warmup + total, unit="draws", dynamic_ncols=True)
-        with bar:
-            bar.set_description(phase or "warmup")
-            chunk = max(1, -(-n_warmup // 20))
-            start = _i32(start_idx)
-            for n0 in range(0, n_warmup, chunk):
-                n1 = min(n_warmup, n0 + chunk)
-                state, collection = warmup_fn(
-                    state, collection, _i32(n0), _i32(n1), start, dynamic
-                )
-                bar.update(n1 - n0)
-                bar.set_postfix_str(
-                    f"acc. prob={float(jnp.mean(state.mean_accept_prob)):.2f}",
-                    refresh=False,
-                )
-            bar.set_description(phase or "sample")
+        """Warmup in chunks, then one block per call, from the host.
+
+        With a progress bar (see :mod:`~numpyro_deer.infer.progress`), and/or
+        to measure the methods of ``method="auto"``: the first block after
+        warmup is computed sequentially, the second with DEER, each by a
+        program compiled beforehand, and the faster computes the rest.
+        """
+        kernel = self.sampler
+        chains = int(np.size(state.i))
+        start = _i32(start_idx)
+        with Progress(n_warmup + total, self.progress_bar, phase) as progress:
+            if n_warmup:
+                progress.compiling("warmup")
+                run_warmup = warmup_fn.lower(
+                    state, collection, trace, _i32(0), _i32(1), start, dynamic
+                ).compile()
+                progress.running("warmup")
+                done, last, seconds = 0, 0, 0.0
+                while done < n_warmup:
+                    chunk = next_chunk(done, n_warmup - done, seconds, last)
+                    tic = time.perf_counter()
+                    state, collection, trace = run_warmup(
+                        state, collection, trace, _i32(done), _i32(done + chunk),
+                        start, dynamic,
+                    )  # fmt: skip
+                    postfix = warmup_postfix(state)  # waits for the chunk
+                    seconds, last = time.perf_counter() - tic, chunk
+                    done += chunk
+                    progress.advance(chunk, postfix)
+                self._check_warmup(trace, n_warmup)
+
             done, stats = _i32(0), (_i32(0), _i32(0), _i32(0))
-            limit = steps = None
-            while int(done) < total:
-                if limit is None:
-                    limit = int(max_block_steps(total, buffer_size(state, batched)))
-                if steps == limit:
-                    break
-                steps = (steps or 0) + 1
+            trials = ["sequential", "deer"] if choose else []
+            timings, compiled = {}, {}
+            limit = int(max_block_steps(total, buffer_size(state, batched)))
+            steps = 0
+            while int(done) < total and steps < limit:
+                method = trials[len(timings)] if len(timings) < len(trials) else None
+                name = method or kernel_method(kernel)
+                if name not in compiled:
+                    progress.compiling(f"{name} blocks")
+                    kernel._trial_method = method
+                    try:
+                        compiled[name] = loop_fns()[1].lower(
+                            state, collection, done, stats, _i32(n_warmup),
+                            _i32(total), start, dynamic,
+                        ).compile()  # fmt: skip
+                    finally:
+                        kernel._trial_method = None
+                    progress.running("sample")
                 before = int(done)
-                state, collection, done, stats = block_fn(
-                    state,
-                    collection,
-                    done,
-                    stats,
-                    _i32(n_warmup),
-                    _i32(total),
-                    start,
-                    dynamic,
-                )
-                bar.update(int(done) - before)
-                bar.set_postfix_str(
-                    f"newton its={int(jnp.max(state.block.info.iterations))} "
-                    f"acc. prob={float(jnp.mean(state.mean_accept_prob)):.2f}",
-                    refresh=False,
+                tic = time.perf_counter()
+                state, collection, done, stats = compiled[name](
+                    state, collection, done, stats, _i32(n_warmup), _i32(total),
+                    start, dynamic,
+                )  # fmt: skip
+                consumed = int(done) - before  # waits for the block
+                seconds = time.perf_counter() - tic
+                steps += 1
+                if method is not None:
+                    timings[method] = seconds
+                    if len(timings) == len(trials):
+                        choice = measured_choice(timings, buffer_size(state, batched))
+                        kernel._set_method_choice(choice)
+                        logger.info(
+                            "method='auto': %s (%s)", choice.method, choice.reason
+                        )
+                progress.advance(
+                    consumed, block_postfix(state, name, consumed * chains, seconds)
                 )
         _check_progress(done, total, state, batched)
         self._warn_failed_blocks(stats)
         return state, collection
+
+
+def kernel_method(kernel) -> str:
+    """The method a block kernel computes blocks with (``"deer"`` if it does
+    not say)."""
+    return getattr(kernel, "method_chosen", None) or "deer"
 
 
 def buffer_size(state, batched: bool) -> int:

@@ -8,6 +8,7 @@ failure policy). A transition's public kernel subclasses it:
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from functools import partial
 
@@ -47,6 +48,13 @@ from .checks import (
 from .convergence import raise_unconverged, warn_unconverged
 from .hessian_mass import resolve_mass_adaptation
 from .memory import check_buffer_memory
+from .method import (
+    SLOW_DRIVER_MESSAGE,
+    MethodChoice,
+    SlowDriverWarning,
+    device_method,
+    fitted_block_size,
+)
 from .warmup import (
     batched_hessian_window_end,
     build_adapter,
@@ -85,7 +93,7 @@ class _DEERKernel(MCMCKernel):
         target_accept_prob: float = 0.9,
         init_strategy: Callable = init_to_uniform,
         block_size: int = 4096,
-        method: str = "deer",
+        method: str = "auto",
         solver: DEERSolver = DEERSolver(),
         on_failure: str = "sequential",
         validate_model: bool = True,
@@ -113,6 +121,12 @@ class _DEERKernel(MCMCKernel):
         self._potential_fn = potential_fn
         self._step_size = float(step_size)
         self._block_size = int(block_size)
+        # the block size of the run: fitted to it by numpyro_deer.MCMC
+        self._run_block_size = self._block_size
+        self._run_steps = None
+        self._method_choice = None
+        self._trial_method = None
+        self._warned_slow_driver = False
         self._adapt_step_size = adapt_step_size
         self._adapt_mass_matrix = adapt_mass_matrix
         # "auto" resolved against the latent dimension at init
@@ -136,7 +150,47 @@ class _DEERKernel(MCMCKernel):
 
     @property
     def block_size(self) -> int:
-        return self._block_size
+        """Transitions per block: ``block_size``, or after :meth:`init` under
+        :class:`numpyro_deer.MCMC` the size fitted to the run (see
+        :func:`~numpyro_deer.infer.method.fitted_block_size`)."""
+        return self._run_block_size
+
+    @property
+    def method(self) -> str:
+        """The ``method`` argument: ``"auto"``, ``"deer"`` or ``"sequential"``."""
+        return self._method
+
+    @property
+    def method_chosen(self) -> str:
+        """The method blocks are computed with: ``method`` unless it is
+        ``"auto"``, then what :class:`numpyro_deer.MCMC` chose at the end of
+        warmup (:attr:`method_choice`), or before that the device's rule."""
+        return self._resolved_method()
+
+    @property
+    def method_choice(self) -> MethodChoice | None:
+        """What ``method="auto"`` chose and why (reason, seconds per block of
+        each method measured); ``None`` before the choice or without ``auto``."""
+        return self._method_choice
+
+    def _resolved_method(self) -> str:
+        if self._method != "auto":
+            return self._method
+        if self._trial_method is not None:
+            return self._trial_method
+        if self._method_choice is not None:
+            return self._method_choice.method
+        return device_method()
+
+    def _set_method_choice(self, choice: MethodChoice | None) -> None:
+        self._method_choice = choice
+
+    def fit_block_size(self, num_steps: int | None) -> None:
+        """Fit the block size of the next :meth:`init` to ``num_steps``
+        sampling steps per chain (NumPyro's ``num_samples``, which counts
+        the steps before thinning); ``None``:
+        ``block_size`` as given. :class:`numpyro_deer.MCMC` calls this."""
+        self._run_steps = num_steps
 
     @property
     def solver(self) -> DEERSolver:
@@ -197,9 +251,10 @@ class _DEERKernel(MCMCKernel):
             self._model if self._model is not None else self._potential_fn,
             self._transition,
             self._solver,
-            self._method,
+            # the method blocks are traced with (method="auto" tries both)
+            self._resolved_method(),
             self._on_failure,
-            self._block_size,
+            self._run_block_size,
             self._step_size,
             self._adapt_step_size,
             self._mass_adaptation,
@@ -260,6 +315,12 @@ class _DEERKernel(MCMCKernel):
     def init(self, rng_key, num_warmup, init_params, model_args, model_kwargs):
         self._num_warmup = num_warmup
         self._warned_unconverged = False
+        self._warned_slow_driver = False
+        self._run_block_size = (
+            self._block_size
+            if self._run_steps is None
+            else fitted_block_size(self._block_size, self._run_steps)
+        )
         vectorized = not is_prng_key(rng_key)
         if vectorized:
             # the chain axis comes from where the parameters came from: the
@@ -299,7 +360,7 @@ class _DEERKernel(MCMCKernel):
             self._adapt_mass_matrix, self._dense_mass, flat.size
         )
         check_buffer_memory(
-            self._block_size,
+            self._run_block_size,
             flat.size,
             flat.dtype,
             num_chains=rng_key.shape[0] if vectorized else 1,
@@ -347,7 +408,7 @@ class _DEERKernel(MCMCKernel):
                 deer_converged=jnp.ones((), bool),
                 adapt_state=adapt,
                 rng_key=key,
-                block=empty_block(kernel._block_size, z_flat, key),
+                block=empty_block(kernel._run_block_size, z_flat, key),
                 curvature_points=jnp.broadcast_to(
                     z_flat, (NUM_CURVATURE_POINTS,) + z_flat.shape
                 ),
@@ -424,7 +485,7 @@ class _DEERKernel(MCMCKernel):
                 potential_flat,
                 ravel,
                 solver,
-                self._method,
+                self._resolved_method(),
                 self._on_failure,
                 self._transition,
             )
@@ -494,6 +555,15 @@ class _DEERKernel(MCMCKernel):
         warn_unconverged(int(failed), None, self._on_failure, 1 << int(result))
 
     def sample(self, state, model_args, model_kwargs):
+        # only numpyro.infer.MCMC calls sample (numpyro_deer.MCMC uses the
+        # block methods); it traces it once per compiled run
+        if not self._warned_slow_driver:
+            self._warned_slow_driver = True
+            warnings.warn(
+                SLOW_DRIVER_MESSAGE.format(name=type(self).__name__),
+                SlowDriverWarning,
+                stacklevel=2,
+            )
         with self._precision(), translate_tracer_errors():
             return self._sample_fn(state, model_args, model_kwargs)
 

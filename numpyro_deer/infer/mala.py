@@ -71,10 +71,18 @@ class DEERMALA(_DEERKernel):
             iterations, so the default is ``0.9`` (see the choosing-options
             page of the docs).
         init_strategy: NumPyro initialization strategy.
-        block_size: transitions per DEER solve.
-        method: ``"deer"`` (parallel Newton) or ``"sequential"``: the same
-            taped chain computed by :func:`jax.lax.scan`, one step after the
-            other (the reference; useful on CPU and for checking).
+        block_size: transitions per DEER solve, at most: with
+            :class:`~numpyro_deer.MCMC` the blocks are fitted to the run,
+            ``ceil(N / ceil(N / block_size))`` for ``N = num_samples`` steps
+            per chain (thinning included), so that no block computes steps the
+            run does not use (:attr:`block_size` after ``init`` is that size).
+        method: how blocks are computed: ``"deer"`` (parallel Newton),
+            ``"sequential"`` (the same taped chain by :func:`jax.lax.scan`, one
+            step after the other; the reference) or ``"auto"`` (the default):
+            the sequential scan on a CPU, and on an accelerator the faster of
+            the two, measured by :class:`~numpyro_deer.MCMC` on the first two
+            blocks after warmup. The choice is :attr:`method_chosen`, its
+            reason and timings :attr:`method_choice`.
         solver: how each block is solved: a :class:`~numpyro_deer.DEERSolver`
             (Jacobian strategy, accept gate, solve basis, tolerances, iteration
             limits, sweep). ``DEERSolver()`` holds the defaults.
@@ -107,7 +115,7 @@ class DEERMALA(_DEERKernel):
         target_accept_prob: float = 0.9,
         init_strategy: Callable = init_to_uniform,
         block_size: int = 4096,
-        method: str = "deer",
+        method: str = "auto",
         solver: DEERSolver = DEERSolver(),
         on_failure: str = "sequential",
         validate_model: bool = True,

@@ -1,0 +1,97 @@
+"""How a run computes its blocks: the method, the block size, the driver.
+
+``method="auto"`` (the default of :class:`~numpyro_deer.DEERMALA`) is decided
+once per kernel, by :class:`numpyro_deer.MCMC` at the end of warmup:
+
+* on a CPU, the sequential scan. A CPU has few cores to spread a block's
+  ``B`` evaluations over, and DEER was slower than the sequential chain on
+  every benchmark model measured on a CPU (``benchmarks/method_auto.py``);
+* on an accelerator, the faster of the two *measured*: the first block after
+  warmup is computed sequentially and the second with DEER, each by a program
+  compiled beforehand and timed on its own, and the rest of the run uses the
+  faster. Both blocks are blocks of the chain (the two methods compute the
+  same chain from the same tape), so the measurement costs only the compiling
+  of the method not chosen.
+
+Where nothing can be measured (stock ``numpyro.infer.MCMC``, chains inside
+``pmap``, a run of fewer than two blocks), ``"auto"`` is the device's rule:
+sequential on a CPU, DEER elsewhere. The choice is
+:attr:`~numpyro_deer.DEERMALA.method_chosen`, with its reason and timings in
+:attr:`~numpyro_deer.DEERMALA.method_choice`.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+
+
+class SlowDriverWarning(UserWarning):
+    """``DEERMALA`` runs inside stock ``numpyro.infer.MCMC`` (one draw per loop)."""
+
+
+SLOW_DRIVER_MESSAGE = (
+    "{name} runs inside numpyro.infer.MCMC, which calls the kernel once per "
+    "draw: correct (the same draws as numpyro_deer.MCMC for the same key), but "
+    "the per-draw loop costs more than a whole sequential step on a GPU. "
+    "numpyro_deer.MCMC takes the same arguments and advances one block per "
+    "loop iteration: `from numpyro_deer import MCMC`. To silence this: "
+    "warnings.simplefilter('ignore', numpyro_deer.SlowDriverWarning)."
+)
+
+
+class MethodChoice(NamedTuple):
+    """What ``method="auto"`` chose, and why.
+
+    Attributes:
+        method: ``"deer"`` or ``"sequential"``.
+        reason: one line, e.g. ``"measured: deer 0.012 s, sequential 0.210 s
+            per block of 4096"`` or ``"CPU: the sequential scan"``.
+        seconds: seconds per block of each method measured (empty if none).
+    """
+
+    method: str
+    reason: str
+    seconds: dict
+
+
+def device_method() -> str:
+    """The method for a device without a measurement: sequential on a CPU."""
+    return "sequential" if jax.default_backend() == "cpu" else "deer"
+
+
+def device_choice() -> MethodChoice:
+    """The choice without a measurement, with its reason."""
+    backend = jax.default_backend()
+    if backend == "cpu":
+        return MethodChoice(
+            "sequential", "CPU: the sequential scan (DEER pays on accelerators)", {}
+        )
+    return MethodChoice("deer", f"{backend}: DEER (not measured)", {})
+
+
+def measured_choice(seconds: dict, block_size: int) -> MethodChoice:
+    """The faster method of ``seconds`` (method -> seconds for one block)."""
+    method = min(seconds, key=seconds.get)
+    times = ", ".join(f"{m} {s:.3g} s" for m, s in sorted(seconds.items()))
+    return MethodChoice(
+        method, f"measured per block of {block_size}: {times}", dict(seconds)
+    )
+
+
+def fitted_block_size(block_size: int, num_steps: int) -> int:
+    """The block size for a run of ``num_steps`` sampling steps per chain.
+
+    At most ``block_size``, and the blocks tile the run: with ``n =
+    ceil(num_steps / block_size)`` blocks each has ``ceil(num_steps / n)``
+    steps, so the last block computes fewer than ``n`` steps that no draw
+    uses, where blocks of ``block_size`` could leave up to ``block_size - 1``
+    unused. The solver needs no particular size (its segments round up), so
+    no further rounding. ``num_steps <= 0`` (a warmup-only run) keeps
+    ``block_size``.
+    """
+    if num_steps <= 0:
+        return block_size
+    num_blocks = -(-num_steps // block_size)
+    return -(-num_steps // num_blocks)

@@ -1,0 +1,149 @@
+"""What ``numpyro_deer.MCMC`` decides for a run, and what it tells the user.
+
+``method="auto"``, the block size fitted to the run, the warning under stock
+``numpyro.infer.MCMC``, the warmup check and the progress bar's chunks.
+"""
+
+import warnings
+
+import jax
+import numpy as np
+import pytest
+from numpyro.infer import MCMC as StockMCMC
+from numpyro.infer import init_to_value
+
+from benchmarks.models import BENCHMARK_MODELS, gaussian_mean_model
+from numpyro_deer import (
+    DEERMALA,
+    MCMC,
+    SlowDriverWarning,
+    WarmupTransitWarning,
+)
+from numpyro_deer.infer import driver
+from numpyro_deer.infer.method import MethodChoice, fitted_block_size
+from numpyro_deer.infer.progress import UPDATE_SECONDS, next_chunk
+from numpyro_deer.infer.transit import warmup_transit
+
+from .helpers import gaussian_data
+
+
+@pytest.mark.parametrize(
+    "block_size, steps, fitted",
+    [(4096, 1000, 1000), (4096, 10_000, 3334), (64, 200, 50), (64, 128, 64),
+     (64, 1, 1), (64, 0, 64)],
+)  # fmt: skip
+def test_fitted_block_size(block_size, steps, fitted):
+    assert fitted_block_size(block_size, steps) == fitted
+    if steps:
+        blocks = -(-steps // fitted)
+        assert fitted <= block_size and 0 <= blocks * fitted - steps < blocks
+
+
+def test_blocks_fit_the_run_and_leave_nothing_unused():
+    """200 steps (100 draws, thinned) in blocks of at most 64: four blocks of
+    50, the last one used up."""
+    args, kwargs = gaussian_data(1.0)
+    kernel = DEERMALA(gaussian_mean_model, block_size=64, method="sequential")
+    mcmc = MCMC(kernel, num_warmup=50, num_samples=200, thinning=2)
+    mcmc.progress_bar = False
+    mcmc.run(jax.random.PRNGKey(0), *args, **kwargs)
+    assert kernel.block_size == 50
+    assert mcmc.last_state.block.z.shape[0] == 50
+    assert int(mcmc.last_state.block.index) == 50  # the last block used up
+    assert mcmc.get_samples()["mu"].shape == (100,)
+
+
+def test_auto_is_sequential_on_a_cpu():
+    args, kwargs = gaussian_data(1.0)
+    kernel = DEERMALA(gaussian_mean_model, block_size=32)
+    assert kernel.method == "auto"
+    mcmc = MCMC(kernel, num_warmup=50, num_samples=64, progress_bar=False)
+    mcmc.run(jax.random.PRNGKey(0), *args, **kwargs)
+    assert kernel.method_chosen == "sequential"
+    assert kernel.method_choice.reason.startswith("CPU")
+    assert kernel.method_choice.seconds == {}
+
+
+@pytest.mark.parametrize("progress_bar", [False, True])
+def test_auto_measures_both_methods_on_an_accelerator(monkeypatch, progress_bar):
+    """With the accelerator's rule, the first two blocks are timed, one each
+    way, and the faster is kept; the chain is the sequential method's."""
+    monkeypatch.setattr(
+        driver, "device_choice", lambda: MethodChoice("deer", "test", {})
+    )
+    args, kwargs = gaussian_data(1.0)
+    runs = {}
+    for method in ("auto", "sequential"):
+        kernel = DEERMALA(gaussian_mean_model, block_size=32, method=method)
+        mcmc = MCMC(kernel, num_warmup=50, num_samples=128)
+        mcmc.progress_bar = progress_bar
+        mcmc.run(jax.random.PRNGKey(1), *args, **kwargs)
+        runs[method] = (kernel, mcmc.get_samples()["mu"])
+    kernel = runs["auto"][0]
+    seconds = kernel.method_choice.seconds
+    assert set(seconds) == {"deer", "sequential"}
+    assert kernel.method_chosen == min(seconds, key=seconds.get)
+    assert "measured per block of 32" in kernel.method_choice.reason
+    np.testing.assert_allclose(runs["auto"][1], runs["sequential"][1], rtol=1e-8)
+
+
+def test_stock_mcmc_warns_once_per_run():
+    args, kwargs = gaussian_data(1.0)
+    kernel = DEERMALA(gaussian_mean_model, block_size=16)
+    mcmc = StockMCMC(kernel, num_warmup=10, num_samples=32, progress_bar=False)
+    with pytest.warns(SlowDriverWarning, match="numpyro_deer.MCMC") as record:
+        mcmc.run(jax.random.PRNGKey(0), *args, **kwargs)
+    assert len(record) == 1
+    assert "warnings.simplefilter('ignore', numpyro_deer.SlowDriverWarning)" in str(
+        record[0].message
+    )
+    ours = MCMC(kernel, num_warmup=10, num_samples=32, progress_bar=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", SlowDriverWarning)
+        ours.run(jax.random.PRNGKey(0), *args, **kwargs)
+
+
+def test_warmup_check_on_a_chain_started_far_from_its_mode():
+    """Eight schools from ``mu = 150`` (30 prior standard deviations): its
+    potential energy falls from about 1,000 to 45 over some 200 MALA steps,
+    so after 100 warmup steps the chain is still on its way."""
+    bench = BENCHMARK_MODELS["eight_schools"]
+    args, kwargs = bench.make_data()
+    kernel = DEERMALA(
+        bench.model, block_size=32, init_strategy=init_to_value(values={"mu": 150.0})
+    )
+    mcmc = MCMC(kernel, num_warmup=100, num_samples=32, progress_bar=False)
+    with pytest.warns(WarmupTransitWarning, match="Try num_warmup=400") as record:
+        mcmc.run(jax.random.PRNGKey(0), *args, **kwargs)
+    assert "still drifting at the end of warmup" in str(record[0].message)
+
+
+@pytest.mark.parametrize("name", ["eight_schools", "logistic_regression"])
+def test_warmup_check_is_silent_after_the_recommended_warmup(name):
+    bench = BENCHMARK_MODELS[name]
+    args, kwargs = bench.make_data()
+    kernel = DEERMALA(bench.model, block_size=32)
+    mcmc = MCMC(kernel, num_warmup=bench.num_warmup, num_samples=32)
+    mcmc.progress_bar = False
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", WarmupTransitWarning)
+        mcmc.run(jax.random.PRNGKey(0), *args, **kwargs)
+
+
+def test_warmup_transit_statistic():
+    rng = np.random.default_rng(0)
+    stationary = rng.normal(size=(4, 400))
+    assert warmup_transit(stationary, 400) is None
+    falling = stationary + np.linspace(10.0, 0.0, 400)
+    message = warmup_transit(falling, 400)
+    assert "chains 0, 1, 2, 3 of 4" in message and "num_warmup=1600" in message
+    assert warmup_transit(falling[:, :99], 99) is None  # too short to judge
+
+
+def test_warmup_chunks_aim_at_a_few_seconds():
+    assert next_chunk(0, 1000, 0.0, 0) == 10
+    # 10 steps took 0.01 s: at most four times as many next
+    assert next_chunk(10, 990, 0.01, 10) == 40
+    # 1000 steps per second: about UPDATE_SECONDS worth
+    assert next_chunk(500, 5000, 0.5, 500) == int(1000 * UPDATE_SECONDS)
+    assert next_chunk(900, 7, 0.5, 500) == 7
