@@ -87,6 +87,18 @@ CASES = {
         "--repeats",
         "1",
     ],
+    "method_auto.py": [
+        "--models",
+        "eight_schools",
+        "--block-size",
+        "16",
+        "--blocks",
+        "2",
+        "--num-warmup",
+        "20",
+        "--repeats",
+        "1",
+    ],
     "make_references.py": [
         "--models",
         "eight_schools",
