@@ -41,9 +41,9 @@ import jax
 import jax.numpy as jnp
 from jax import Array
 
-from .gates import Gate, HardGate, gated_select
+from .gates import Gate, HardGate
 from .metric import mul_sqrt, mul_sqrt_t
-from .transition import Carry, PotentialFn, StepInfo
+from .transition import Carry, PotentialFn, StepInfo, metropolis_accept
 
 
 class HMCTape(NamedTuple):
@@ -135,19 +135,12 @@ def hmc_proposal_step(
         + 0.5 * jnp.sum(tape_t.noise**2)
         - 0.5 * jnp.sum(r_end**2)
     )
-    diverging = ~(jnp.isfinite(log_ratio) & jnp.isfinite(potential_y))
-    log_ratio = jnp.where(diverging, -jnp.inf, log_ratio)
-    margin = log_ratio - tape_t.log_u
-    x_new = gated_select(gate, margin, y, x)
-    accepted = margin > 0
-    potential_new = jnp.where(accepted, potential_y, potential_x)
-    grad_new = jnp.where(accepted, grad_y, grad_x)
-    accept_prob = jnp.exp(jnp.minimum(log_ratio, 0.0))
-    return (
-        x_new,
-        potential_new,
-        grad_new,
-        StepInfo(potential_new, accept_prob, accepted, diverging),
+    return metropolis_accept(
+        gate,
+        log_ratio,
+        tape_t.log_u,
+        (y, potential_y, grad_y),
+        (x, potential_x, grad_x),
     )
 
 

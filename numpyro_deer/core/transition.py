@@ -26,7 +26,7 @@ import jax
 import jax.numpy as jnp
 from jax import Array
 
-from .gates import Gate, HardGate
+from .gates import Gate, HardGate, gated_select
 
 PotentialFn = Callable[[Array], Array]
 Tape = Any  # a pytree of arrays with leading axis T
@@ -224,3 +224,38 @@ def finish_chain(
     carry = (carry_at(potential_fn, x_start), states, infos)
     _, states, infos = jax.lax.fori_loop(start, num_steps, body, carry)
     return states, infos
+
+
+def metropolis_accept(
+    gate: Gate,
+    log_ratio: Array,
+    log_u: Array,
+    proposed: tuple[Array, Array, Array],
+    current: tuple[Array, Array, Array],
+) -> tuple[Array, Array, Array, StepInfo]:
+    """The Metropolis decision on a proposal, shared by every transition.
+
+    ``proposed`` and ``current`` are ``(x, U(x), grad U(x))``. The proposal is
+    taken when ``log u < log a`` (Metropolis et al., 1953; Hastings, 1970),
+    through ``gate`` (whose tangent the Newton solver uses). A proposal whose
+    potential or log ratio is not finite is rejected and flagged as diverging.
+
+    Returns:
+        ``(x_new, U(x_new), grad U(x_new), info)``.
+    """
+    y, potential_y, grad_y = proposed
+    x, potential_x, grad_x = current
+    diverging = ~(jnp.isfinite(log_ratio) & jnp.isfinite(potential_y))
+    log_ratio = jnp.where(diverging, -jnp.inf, log_ratio)
+    margin = log_ratio - log_u
+    x_new = gated_select(gate, margin, y, x)
+    accepted = margin > 0
+    potential_new = jnp.where(accepted, potential_y, potential_x)
+    grad_new = jnp.where(accepted, grad_y, grad_x)
+    accept_prob = jnp.exp(jnp.minimum(log_ratio, 0.0))
+    return (
+        x_new,
+        potential_new,
+        grad_new,
+        StepInfo(potential_new, accept_prob, accepted, diverging),
+    )
