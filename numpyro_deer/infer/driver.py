@@ -373,7 +373,10 @@ class MCMC(numpyro.infer.MCMC):
             _i32(start_idx), dynamic,
         ).compile()  # fmt: skip
         memory.check_block_memory(
-            memory.compiled_bytes(compiled), free, self.sampler.block_size
+            memory.compiled_bytes(compiled),
+            free,
+            self.sampler.block_size,
+            kernel=type(self.sampler).__name__,
         )
         checked.add("done")
 

@@ -364,6 +364,7 @@ class _DEERKernel(MCMCKernel):
             flat.size,
             flat.dtype,
             num_chains=rng_key.shape[0] if vectorized else 1,
+            kernel=type(self).__name__,
         )
         self._latent = compile_cache.latent_signature(one)
         dynamic, static = compile_cache.split_model_args(model_args, model_kwargs)

@@ -53,6 +53,7 @@ def check_block_memory(
     free: int | None,
     block_size: int,
     what: str = "per block",
+    kernel: str = "DEERMALA",
 ):
     """Raise ``ValueError`` if a block needs more memory than the device has free.
 
@@ -64,14 +65,19 @@ def check_block_memory(
         return
     suggestion = max(1, int(block_size * free / required * 0.8))
     raise ValueError(
-        f"block_size={block_size} needs about {required / _GIB:.2f} GiB "
+        f"{kernel}(block_size={block_size}) needs about {required / _GIB:.2f} GiB "
         f"of device memory {what}, but the device has {free / _GIB:.2f} GiB "
         f"free. Set block_size={suggestion} or smaller."
     )
 
 
 def check_buffer_memory(
-    block_size: int, dim: int, dtype, num_chains: int = 1, device=None
+    block_size: int,
+    dim: int,
+    dtype,
+    num_chains: int = 1,
+    device=None,
+    kernel: str = "DEERMALA",
 ) -> None:
     """Raise ``ValueError`` if the buffer of a block's draws cannot fit.
 
@@ -88,4 +94,5 @@ def check_buffer_memory(
         block_size,
         what=f"for the buffer of its draws alone ({num_chains} x {block_size} "
         f"x {dim} values)",
+        kernel=kernel,
     )
