@@ -25,6 +25,7 @@ from numpyro_deer import (
     StochasticDiagonalJacobian,
 )
 
+from .helpers import STOCK_RUN_CONFIG
 from .helpers import gaussian_data as _gaussian_data
 
 BLOCK = 64
@@ -54,7 +55,8 @@ def test_chain_methods(chain_method):
 def test_stock_mcmc_shapes_fields_and_posterior(stock_run):
     mcmc, args, _ = stock_run
     samples = mcmc.get_samples()
-    assert samples["mu"].shape == (200,)
+    config = STOCK_RUN_CONFIG["mcmc"]
+    assert samples["mu"].shape == (config["num_samples"] // config["thinning"],)
     extra = mcmc.get_extra_fields()
     assert set(extra) >= {
         "diverging",
