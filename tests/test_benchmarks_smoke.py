@@ -181,12 +181,32 @@ HELPERS = {
 TESTED_ELSEWHERE = {"race.py", "race_samplers.py", "gym_models.py", "end_to_end.py"}
 
 
+# the studies behind benchmarks/results/LOG.md, whose numbers no table of the
+# docs quotes: `-m bench` runs them (each a minute or two of compilation on
+# two cores)
+BENCH_ONLY = {
+    "ablation.py",
+    "hmc_formulations.py",
+    "hmc_tuning.py",
+    "iteration_cost.py",
+    "vectorized_chains.py",
+    "warmup_cost.py",
+}
+
+
 def test_every_benchmark_script_is_tested():
     scripts = {p.name for p in BENCHMARKS.glob("*.py")} - HELPERS - TESTED_ELSEWHERE
     assert scripts == set(CASES)
+    assert BENCH_ONLY <= set(CASES)
 
 
-@pytest.mark.parametrize("script", sorted(CASES))
+@pytest.mark.parametrize(
+    "script",
+    [
+        pytest.param(s, marks=pytest.mark.bench) if s in BENCH_ONLY else s
+        for s in sorted(CASES)
+    ],
+)
 def test_benchmark_runs_at_a_tiny_size(script, tmp_path):
     env = dict(os.environ, JAX_PLATFORMS="cpu")
     env["PYTHONPATH"] = os.pathsep.join(

@@ -10,6 +10,7 @@ import pytest
 
 from benchmarks.models import gaussian_mean_model
 from numpyro_deer import DEERMALA, MCMC
+from numpyro_deer.infer import compile_cache
 
 from .helpers import gaussian_data
 
@@ -86,6 +87,9 @@ def test_new_data_of_the_same_shape_compiles_nothing(first):
 
 
 def test_progress_bar_loops_compile_once():
+    # the process-wide cache holds whatever earlier tests compiled (another
+    # module may have run these settings with a progress bar): start empty
+    compile_cache.clear()
     _, compiled = _run(progress_bar=True, seed=1)
     assert any("warmup_loop" in n for n in compiled)
     assert any("block_step" in n for n in compiled)

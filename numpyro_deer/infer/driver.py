@@ -106,6 +106,9 @@ class MCMC(numpyro.infer.MCMC):
         self._chain_stats = []
         with reraise_convergence_error():
             result = super().run(*args, **kwargs)
+            # the counts arrive through host callbacks, which JAX runs
+            # asynchronously: wait for every pending one before reading them
+            jax.effects_barrier()
         stats, self._chain_stats = self._chain_stats, []
         if stats:
             blocks, failed, bits = zip(*stats, strict=True)
