@@ -6,11 +6,12 @@ from collections import Counter
 
 import jax
 import numpy as np
+import numpyro
+import numpyro.distributions as dist
 import pytest
 
 from benchmarks.models import gaussian_mean_model
 from numpyro_deer import DEERMALA, MCMC
-from numpyro_deer.infer import compile_cache
 
 from .helpers import gaussian_data
 
@@ -39,18 +40,32 @@ class _CompileLog:
 LOG = _CompileLog()
 
 
-def _run(data=3.0, progress_bar=False, jit_model_args=False, block_size=16, seed=0):
+def _run(
+    data=3.0,
+    progress_bar=False,
+    jit_model_args=False,
+    block_size=16,
+    seed=0,
+    model=gaussian_mean_model,
+):
     args, kwargs = gaussian_data(data)
     mcmc = MCMC(
-        DEERMALA(gaussian_mean_model, block_size=block_size),
+        DEERMALA(model, block_size=block_size),
         **SETTINGS,
         progress_bar=progress_bar,
         jit_model_args=jit_model_args,
     )
+    mcmc.progress_bar = progress_bar  # MCMC turns it off when CI is set
     before = LOG.ours()
     mcmc.run(jax.random.PRNGKey(seed), *args, **kwargs)
     draws = np.asarray(mcmc.get_samples()["mu"])
     return draws, LOG.ours() - before
+
+
+def _progress_model(y, sigma):
+    """A model no other test runs: nothing in the process has compiled it."""
+    mu = numpyro.sample("mu", dist.Normal(0.0, 5.0))
+    numpyro.sample("y", dist.Normal(mu, sigma), obs=y)
 
 
 @pytest.fixture(scope="module")
@@ -87,11 +102,8 @@ def test_new_data_of_the_same_shape_compiles_nothing(first):
 
 
 def test_progress_bar_loops_compile_once():
-    # the process-wide cache holds whatever earlier tests compiled (another
-    # module may have run these settings with a progress bar): start empty
-    compile_cache.clear()
-    _, compiled = _run(progress_bar=True, seed=1)
+    _, compiled = _run(progress_bar=True, seed=1, model=_progress_model)
     assert any("warmup_loop" in n for n in compiled)
     assert any("block_step" in n for n in compiled)
-    _, again = _run(progress_bar=True, seed=2)
+    _, again = _run(progress_bar=True, seed=2, model=_progress_model)
     assert again == Counter()
