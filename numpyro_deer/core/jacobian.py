@@ -185,7 +185,9 @@ def _check_clip(name: str, clip: float | None) -> None:
 def _spectral_norm(matrix: Array, num_iter: int = 20) -> Array:
     """Largest singular value of a small square matrix by power iteration."""
     dim = matrix.shape[-1]
-    v = jnp.ones((dim,), matrix.dtype) / jnp.sqrt(jnp.asarray(dim, matrix.dtype))
+    # like `matrix` (full_like, not ones): inside shard_map the loop carry must
+    # vary over the mesh axes as the matrix does
+    v = jnp.full_like(matrix[0], 1.0) / jnp.sqrt(jnp.asarray(dim, matrix.dtype))
 
     def body(_, v):
         w = matrix.T @ (matrix @ v)

@@ -1,0 +1,152 @@
+"""``DEERMALA(model, mesh=...)``: each block's solve split over eight host devices.
+
+``conftest.py`` exposes eight CPU devices and enables float64. The sharded kernel
+must give the draws of the unsharded one (within ``1e-10``) for every Jacobian
+strategy, through :class:`numpyro_deer.MCMC` with two sequential chains and
+through stock ``numpyro.infer.MCMC``. The solvers run with ``atol = rtol =
+1e-12`` (as in ``test_sharded.py``): the sharded solve has no sequential sweep
+and another stochastic probe, so it takes other iterations to the same chain,
+and at these tolerances both are within ``1e-10`` of it.
+
+Every kernel is compiled once per module (module-scoped fixtures).
+"""
+
+import pickle
+import warnings
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import numpyro
+import numpyro.distributions as dist
+import pytest
+from numpyro.infer import MCMC as StockMCMC
+
+from numpyro_deer import (
+    DEERHMC,
+    DEERMALA,
+    MCMC,
+    DEERSolver,
+    DiagonalJacobian,
+    FullJacobian,
+    SlowDriverWarning,
+    StochasticDiagonalJacobian,
+)
+from numpyro_deer.core import time_mesh
+
+COVARIANCE = np.array([[1.0, 0.6, 0.2], [0.6, 2.0, -0.4], [0.2, -0.4, 0.5]])
+BLOCK = 32  # four steps per device on eight devices
+RUN = {"num_warmup": 40, "num_samples": 64, "progress_bar": False}
+TOL = 1e-10
+STRATEGIES = {
+    "full": FullJacobian(),
+    "diag": DiagonalJacobian(),
+    "stochastic": StochasticDiagonalJacobian(),
+}
+
+
+def correlated_gaussian():
+    numpyro.sample(
+        "x", dist.MultivariateNormal(jnp.zeros(3), covariance_matrix=COVARIANCE)
+    )
+
+
+def _kernel(name: str, mesh=None, **options) -> DEERMALA:
+    solver = DEERSolver(STRATEGIES[name], atol=1e-12, rtol=1e-12)
+    options = {"block_size": BLOCK, "solver": solver, **options}
+    if mesh is None:
+        options.setdefault("method", "deer")
+    return DEERMALA(correlated_gaussian, mesh=mesh, **options)
+
+
+@pytest.fixture(scope="module")
+def mesh():
+    return time_mesh(jax.devices()[:8])
+
+
+@pytest.fixture(scope="module")
+def runs(mesh):
+    """Two sequential chains of each strategy, unsharded and sharded."""
+    out = {}
+    for name in STRATEGIES:
+        for sharded in (False, True):
+            kernel = _kernel(name, mesh if sharded else None)
+            mcmc = MCMC(kernel, num_chains=2, chain_method="sequential", **RUN)
+            mcmc.run(jax.random.PRNGKey(0), extra_fields=("newton_iterations",))
+            out[name, sharded] = mcmc
+    return out
+
+
+def test_eight_host_devices_are_available(mesh):
+    assert mesh.size == 8
+
+
+@pytest.mark.parametrize("name", sorted(STRATEGIES))
+def test_sharded_kernel_gives_the_unsharded_draws(runs, name):
+    plain, sharded = runs[name, False], runs[name, True]
+    draws = sharded.get_samples(group_by_chain=True)["x"]
+    reference = plain.get_samples(group_by_chain=True)["x"]
+    assert draws.shape == reference.shape == (2, RUN["num_samples"], 3)
+    np.testing.assert_allclose(draws, reference, rtol=0, atol=TOL)
+    # the chains differ, and the draws move
+    assert np.max(np.abs(draws[0] - draws[1])) > 0.1
+    assert np.mean(np.any(np.diff(draws[0], axis=0) != 0, axis=-1)) > 0.3
+    # every block was a DEER solve (method="auto" means "deer" with a mesh)
+    iterations = sharded.get_extra_fields(group_by_chain=True)["newton_iterations"]
+    assert np.all(np.asarray(iterations) >= 1)
+    assert sharded.sampler.method_chosen == "deer"
+
+
+def test_stock_mcmc_gives_the_same_draws(runs, mesh):
+    """One chain through ``numpyro.infer.MCMC``: the driver's unsharded chain."""
+    plain = runs["diag", False]
+    reference = MCMC(plain.sampler, **RUN)
+    reference.run(jax.random.PRNGKey(1))
+    stock = StockMCMC(_kernel("diag", mesh), **RUN)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", SlowDriverWarning)
+        stock.run(jax.random.PRNGKey(1))
+    np.testing.assert_allclose(
+        stock.get_samples()["x"], reference.get_samples()["x"], rtol=0, atol=TOL
+    )
+
+
+def test_block_size_not_a_multiple_of_the_mesh_is_refused(mesh):
+    with pytest.raises(ValueError, match=r"block_size=36, mesh=.*multiple of 8"):
+        DEERMALA(correlated_gaussian, block_size=36, mesh=mesh)
+    with pytest.raises(ValueError, match=r"DEERHMC\(block_size=12, mesh="):
+        DEERHMC(correlated_gaussian, block_size=12, mesh=mesh)
+
+
+def test_mesh_argument_is_checked(mesh):
+    with pytest.raises(ValueError, match=r"mesh=.*jax.sharding.Mesh"):
+        DEERMALA(correlated_gaussian, mesh=jax.devices())
+    with pytest.raises(ValueError, match=r"method='sequential', mesh=.*'deer'"):
+        DEERMALA(correlated_gaussian, block_size=BLOCK, mesh=mesh, method="sequential")
+    kernel = DEERMALA(correlated_gaussian, block_size=BLOCK, mesh=mesh)
+    assert kernel.mesh is mesh
+    assert kernel.method_chosen == "deer" and "mesh" in kernel.method_choice.reason
+
+
+@pytest.mark.parametrize("chain_method", ["vectorized", "parallel"])
+def test_chains_side_by_side_are_refused(mesh, chain_method):
+    mcmc = MCMC(_kernel("diag", mesh), num_chains=2, chain_method=chain_method, **RUN)
+    with pytest.raises(ValueError, match=r"mesh=.*chain_method='sequential'"):
+        mcmc.run(jax.random.PRNGKey(0))
+
+
+def test_fitted_blocks_stay_multiples_of_the_mesh(mesh):
+    kernel = _kernel("diag", mesh, block_size=64)
+    kernel.fit_block_size(100)  # two blocks of 50 without a mesh
+    kernel.init(jax.random.PRNGKey(0), 10, None, (), {})
+    assert kernel.block_size == 56
+
+
+def test_compile_key_and_pickle_keep_the_mesh(runs, mesh):
+    sharded = runs["diag", True].sampler
+    assert sharded.compile_key() != runs["diag", False].sampler.compile_key()
+    other = _kernel("diag", time_mesh(jax.devices()[:4]))
+    other.init(jax.random.PRNGKey(0), RUN["num_warmup"], None, (), {})
+    assert other.compile_key() != sharded.compile_key()
+    copy = pickle.loads(pickle.dumps(sharded))
+    assert copy.mesh == mesh and copy.compile_key() is None
