@@ -1,14 +1,20 @@
 """``DEERMALA(model, mesh=...)``: each block's solve split over eight host devices.
 
 ``conftest.py`` exposes eight CPU devices and enables float64. The sharded kernel
-must give the draws of the unsharded one (within ``1e-10``) for every Jacobian
-strategy, through :class:`numpyro_deer.MCMC` with two sequential chains and
-through stock ``numpyro.infer.MCMC``. The solvers run with ``atol = rtol =
-1e-12`` (as in ``test_sharded.py``): the sharded solve has no sequential sweep
-and another stochastic probe, so it takes other iterations to the same chain,
-and at these tolerances both are within ``1e-10`` of it.
+must give the draws of the unsharded one within ``1e-10``:
 
-Every kernel is compiled once per module (module-scoped fixtures).
+* through :class:`numpyro_deer.MCMC`, one chain and two sequential chains,
+  against the unsharded kernel with ``method="sequential"`` (the chain itself:
+  unsharded DEER gives it too, see ``test_kernel.py``);
+* block by block for every Jacobian strategy: a block refilled by the sharded
+  kernel from a post-warmup state against the same block refilled by the
+  unsharded kernel with ``method="sequential"``;
+* through stock ``numpyro.infer.MCMC`` (slow: another compiled program).
+
+The solvers run with ``atol = rtol = 1e-12`` (as in ``test_sharded.py``): the
+sharded solve has no sequential sweep and another stochastic probe, so it
+takes other iterations to the same chain, and at these tolerances both are
+within ``1e-10`` of it. Each program is compiled once per module.
 """
 
 import pickle
@@ -51,12 +57,18 @@ def correlated_gaussian():
     )
 
 
-def _kernel(name: str, mesh=None, **options) -> DEERMALA:
-    solver = DEERSolver(STRATEGIES[name], atol=1e-12, rtol=1e-12)
+def _kernel(name: str, mesh=None, basis="auto", **options) -> DEERMALA:
+    solver = DEERSolver(STRATEGIES[name], atol=1e-12, rtol=1e-12, solve_basis=basis)
     options = {"block_size": BLOCK, "solver": solver, **options}
     if mesh is None:
         options.setdefault("method", "deer")
     return DEERMALA(correlated_gaussian, mesh=mesh, **options)
+
+
+def _run(kernel, seed: int, num_chains: int = 1) -> MCMC:
+    mcmc = MCMC(kernel, num_chains=num_chains, chain_method="sequential", **RUN)
+    mcmc.run(jax.random.PRNGKey(seed), extra_fields=("newton_iterations",))
+    return mcmc
 
 
 @pytest.fixture(scope="module")
@@ -66,41 +78,83 @@ def mesh():
 
 @pytest.fixture(scope="module")
 def runs(mesh):
-    """Two sequential chains of each strategy, unsharded and sharded."""
-    out = {}
-    for name in STRATEGIES:
-        for sharded in (False, True):
-            kernel = _kernel(name, mesh if sharded else None)
-            mcmc = MCMC(kernel, num_chains=2, chain_method="sequential", **RUN)
-            mcmc.run(jax.random.PRNGKey(0), extra_fields=("newton_iterations",))
-            out[name, sharded] = mcmc
-    return out
+    """Two sequential chains, unsharded sequential and sharded (diagonal)."""
+    return {
+        "plain": _run(_kernel("diag", method="sequential"), 0, num_chains=2),
+        "sharded": _run(_kernel("diag", mesh), 0, num_chains=2),
+    }
 
 
 def test_eight_host_devices_are_available(mesh):
     assert mesh.size == 8
 
 
-@pytest.mark.parametrize("name", sorted(STRATEGIES))
-def test_sharded_kernel_gives_the_unsharded_draws(runs, name):
-    plain, sharded = runs[name, False], runs[name, True]
+def _assert_same_chains(sharded: MCMC, plain: MCMC, num_chains: int) -> None:
     draws = sharded.get_samples(group_by_chain=True)["x"]
     reference = plain.get_samples(group_by_chain=True)["x"]
-    assert draws.shape == reference.shape == (2, RUN["num_samples"], 3)
+    assert draws.shape == reference.shape == (num_chains, RUN["num_samples"], 3)
     np.testing.assert_allclose(draws, reference, rtol=0, atol=TOL)
-    # the chains differ, and the draws move
-    assert np.max(np.abs(draws[0] - draws[1])) > 0.1
+    # the draws move
     assert np.mean(np.any(np.diff(draws[0], axis=0) != 0, axis=-1)) > 0.3
     # every block was a DEER solve (method="auto" means "deer" with a mesh)
-    iterations = sharded.get_extra_fields(group_by_chain=True)["newton_iterations"]
+    iterations = sharded.get_extra_fields()["newton_iterations"]
     assert np.all(np.asarray(iterations) >= 1)
     assert sharded.sampler.method_chosen == "deer"
 
 
+def test_two_sequential_chains_give_the_unsharded_draws(runs):
+    _assert_same_chains(runs["sharded"], runs["plain"], 2)
+    draws = runs["sharded"].get_samples(group_by_chain=True)["x"]
+    assert np.max(np.abs(draws[0] - draws[1])) > 0.1  # two chains
+
+
+def test_one_chain_gives_the_unsharded_draws(runs):
+    # the compiled loops of the fixture's kernels serve these runs
+    plain = _run(runs["plain"].sampler, 1)
+    sharded = _run(runs["sharded"].sampler, 1)
+    _assert_same_chains(sharded, plain, 1)
+
+
+@pytest.fixture(scope="module")
+def warm_state(runs):
+    """A post-warmup state of chain 0, on the host, its block used up."""
+    state = jax.tree.map(lambda x: x[0], runs["sharded"].last_state)
+    state = state._replace(block=state.block._replace(index=jnp.int32(BLOCK)))
+    return jax.device_get(state)
+
+
+def _refill(kernel, state):
+    if kernel.compile_key() is None:  # a new kernel: init sets the latent layout
+        kernel.init(jax.random.PRNGKey(0), RUN["num_warmup"], None, (), {})
+    return jax.jit(lambda s: kernel.block_refill(s, (), {}))(state).block
+
+
+@pytest.fixture(scope="module")
+def reference_block(runs, warm_state):
+    """The block the unsharded sequential kernel computes from ``warm_state``."""
+    return _refill(runs["plain"].sampler, warm_state)
+
+
+@pytest.mark.parametrize("name", sorted(STRATEGIES))
+def test_every_jacobian_strategy_solves_the_same_block(
+    reference_block, warm_state, mesh, name
+):
+    # the whitened basis (the block is the same chain in any basis) keeps the
+    # compiled refill small
+    block = _refill(_kernel(name, mesh, basis="whitened"), warm_state)
+    assert bool(block.info.converged) and int(block.info.iterations) >= 1
+    assert int(reference_block.info.iterations) == 0  # the sequential scan
+    for field in ("z", "potential_energy", "accept_prob"):
+        np.testing.assert_allclose(
+            getattr(block, field), getattr(reference_block, field), rtol=0, atol=TOL
+        )
+    assert 0.3 < float(jnp.mean(block.accept_prob)) < 1.0
+
+
+@pytest.mark.slow
 def test_stock_mcmc_gives_the_same_draws(runs, mesh):
     """One chain through ``numpyro.infer.MCMC``: the driver's unsharded chain."""
-    plain = runs["diag", False]
-    reference = MCMC(plain.sampler, **RUN)
+    reference = MCMC(runs["plain"].sampler, **RUN)
     reference.run(jax.random.PRNGKey(1))
     stock = StockMCMC(_kernel("diag", mesh), **RUN)
     with warnings.catch_warnings():
@@ -143,8 +197,8 @@ def test_fitted_blocks_stay_multiples_of_the_mesh(mesh):
 
 
 def test_compile_key_and_pickle_keep_the_mesh(runs, mesh):
-    sharded = runs["diag", True].sampler
-    assert sharded.compile_key() != runs["diag", False].sampler.compile_key()
+    sharded = runs["sharded"].sampler
+    assert sharded.compile_key() != runs["plain"].sampler.compile_key()
     other = _kernel("diag", time_mesh(jax.devices()[:4]))
     other.init(jax.random.PRNGKey(0), RUN["num_warmup"], None, (), {})
     assert other.compile_key() != sharded.compile_key()
