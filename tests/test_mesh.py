@@ -178,7 +178,7 @@ def test_mesh_argument_is_checked(mesh):
     with pytest.raises(ValueError, match=r"method='sequential', mesh=.*'deer'"):
         DEERMALA(correlated_gaussian, block_size=BLOCK, mesh=mesh, method="sequential")
     kernel = DEERMALA(correlated_gaussian, block_size=BLOCK, mesh=mesh)
-    assert kernel.mesh is mesh
+    assert kernel.mesh == mesh
     assert kernel.method_chosen == "deer" and "mesh" in kernel.method_choice.reason
 
 

@@ -138,7 +138,9 @@ def check_mesh(name: str, mesh: Any, block_size: int, method: str) -> TimeMesh |
             f"time axis is split over {TIME_AXIS!r}, or pass a one-axis mesh "
             "(numpyro_deer.core.time_mesh(devices))."
         )
-    time_mesh = TimeMesh(mesh, axis_name)
+    # axes of automatic sharding (jax.make_mesh's may be explicit, which
+    # shard_map would refuse for the unsharded values of the kernel's state)
+    time_mesh = TimeMesh(Mesh(mesh.devices, names), axis_name)
     if block_size % time_mesh.size:
         lower = block_size - block_size % time_mesh.size
         raise ValueError(
