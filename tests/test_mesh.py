@@ -9,7 +9,9 @@ must give the draws of the unsharded one within ``1e-10``:
 * block by block for every Jacobian strategy: a block refilled by the sharded
   kernel from a post-warmup state against the same block refilled by the
   unsharded kernel with ``method="sequential"``;
-* through stock ``numpyro.infer.MCMC`` (slow: another compiled program).
+* block by block for :class:`~numpyro_deer.DEERHMC`, and through stock
+  ``numpyro.infer.MCMC`` (both slow: other compiled programs; the sharded HMC
+  solve is also compared with its chain in ``test_sharded.py``).
 
 The solvers run with ``atol = rtol = 1e-12`` (as in ``test_sharded.py``): the
 sharded solve has no sequential sweep and another stochastic probe, so it
@@ -152,6 +154,20 @@ def test_every_jacobian_strategy_solves_the_same_block(
 
 
 @pytest.mark.slow
+def test_deerhmc_solves_the_same_block(warm_state, mesh):
+    """HMC's transition (a leapfrog loop per step) solved over the mesh."""
+    solver = DEERSolver(atol=1e-12, rtol=1e-12, solve_basis="whitened")
+    options = {"num_steps": 2, "block_size": BLOCK, "solver": solver}
+    hmc = DEERHMC(correlated_gaussian, mesh=mesh, **options)
+    reference = DEERHMC(correlated_gaussian, method="sequential", **options)
+    block = _refill(hmc, warm_state)
+    assert bool(block.info.converged) and int(block.info.iterations) >= 1
+    np.testing.assert_allclose(
+        block.z, _refill(reference, warm_state).z, rtol=0, atol=TOL
+    )
+
+
+@pytest.mark.slow
 def test_stock_mcmc_gives_the_same_draws(runs, mesh):
     """One chain through ``numpyro.infer.MCMC``: the driver's unsharded chain."""
     reference = MCMC(runs["plain"].sampler, **RUN)
@@ -189,18 +205,13 @@ def test_chains_side_by_side_are_refused(mesh, chain_method):
         mcmc.run(jax.random.PRNGKey(0))
 
 
-def test_fitted_blocks_stay_multiples_of_the_mesh(mesh):
-    kernel = _kernel("diag", mesh, block_size=64)
-    kernel.fit_block_size(100)  # two blocks of 50 without a mesh
-    kernel.init(jax.random.PRNGKey(0), 10, None, (), {})
-    assert kernel.block_size == 56
-
-
-def test_compile_key_and_pickle_keep_the_mesh(runs, mesh):
+def test_fitted_blocks_compile_key_and_pickle_keep_the_mesh(runs, mesh):
     sharded = runs["sharded"].sampler
     assert sharded.compile_key() != runs["plain"].sampler.compile_key()
-    other = _kernel("diag", time_mesh(jax.devices()[:4]))
+    other = _kernel("diag", time_mesh(jax.devices()[:4]), block_size=64)
+    other.fit_block_size(100)  # two blocks of 50 without a mesh
     other.init(jax.random.PRNGKey(0), RUN["num_warmup"], None, (), {})
+    assert other.block_size == 52  # multiples of the four devices
     assert other.compile_key() != sharded.compile_key()
     copy = pickle.loads(pickle.dumps(sharded))
     assert copy.mesh == mesh and copy.compile_key() is None

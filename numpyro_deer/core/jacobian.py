@@ -151,6 +151,11 @@ def _jvp_columns(step_fn: StepFn, x: Array, tape_t: Any, directions: Array):
     def push(v):
         return jax.jvp(lambda s: step_fn(s, tape_t), (x,), (v,))
 
+    # + zeros_like(x), the same values: inside shard_map a constant basis
+    # does not vary over the mesh axes as x does, which a loop inside the
+    # step (HMC's leapfrog) refuses as a tangent carry
+    directions = directions + jnp.zeros_like(x)
+
     (value, aux), (tangents, _) = jax.vmap(push, out_axes=((None, None), (0, 0)))(
         directions
     )
