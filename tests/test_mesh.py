@@ -9,9 +9,11 @@ must give the draws of the unsharded one within ``1e-10``:
 * block by block for every Jacobian strategy: a block refilled by the sharded
   kernel from a post-warmup state against the same block refilled by the
   unsharded kernel with ``method="sequential"``;
-* block by block for :class:`~numpyro_deer.DEERHMC`, and through stock
-  ``numpyro.infer.MCMC`` (both slow: other compiled programs; the sharded HMC
-  solve is also compared with its chain in ``test_sharded.py``).
+* block by block for :class:`~numpyro_deer.DEERHMC`, through stock
+  ``numpyro.infer.MCMC``, and over two processes of four devices each
+  (``jax.distributed`` with CPU collectives): slow, other compiled programs
+  (the sharded HMC solve is also compared with its chain in
+  ``test_sharded.py``).
 
 The solvers run with ``atol = rtol = 1e-12`` (as in ``test_sharded.py``): the
 sharded solve has no sequential sweep and another stochastic probe, so it
@@ -19,8 +21,13 @@ takes other iterations to the same chain, and at these tolerances both are
 within ``1e-10`` of it. Each program is compiled once per module.
 """
 
+import os
 import pickle
+import socket
+import subprocess
+import sys
 import warnings
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -42,6 +49,7 @@ from numpyro_deer import (
 )
 from numpyro_deer.core import time_mesh
 
+ROOT = Path(__file__).resolve().parents[1]
 COVARIANCE = np.array([[1.0, 0.6, 0.2], [0.6, 2.0, -0.4], [0.2, -0.4, 0.5]])
 BLOCK = 32  # four steps per device on eight devices
 RUN = {"num_warmup": 40, "num_samples": 64, "progress_bar": False}
@@ -165,6 +173,48 @@ def test_deerhmc_solves_the_same_block(warm_state, mesh):
     np.testing.assert_allclose(
         block.z, _refill(reference, warm_state).z, rtol=0, atol=TOL
     )
+
+
+WORKER = """
+import sys
+import jax
+jax.config.update("jax_enable_x64", True)
+jax.config.update("jax_cpu_collectives_implementation", "gloo")
+jax.distributed.initialize(sys.argv[1], num_processes=2, process_id=int(sys.argv[2]))
+import numpy as np
+from numpyro_deer.core import time_mesh
+from tests.test_mesh import _run, _kernel
+mcmc = _run(_kernel("diag", time_mesh()), 0, num_chains=2)
+np.save(sys.argv[3], np.asarray(mcmc.get_samples(group_by_chain=True)["x"]))
+"""
+
+
+@pytest.mark.slow
+def test_two_processes_give_the_one_process_draws(runs, tmp_path):
+    """Two CPU processes of four devices each (``jax.distributed``), one mesh."""
+    with socket.socket() as sock:
+        sock.bind(("localhost", 0))
+        address = f"localhost:{sock.getsockname()[1]}"
+    env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=str(ROOT))
+    env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
+    outputs = [tmp_path / f"draws_{i}.npy" for i in range(2)]
+    workers = [
+        subprocess.Popen(
+            [sys.executable, "-c", WORKER, address, str(i), str(outputs[i])],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for i in range(2)
+    ]
+    for worker in workers:
+        log, _ = worker.communicate(timeout=600)
+        assert worker.returncode == 0, log[-3000:]
+    reference = runs["plain"].get_samples(group_by_chain=True)["x"]
+    for output in outputs:
+        np.testing.assert_allclose(np.load(output), reference, rtol=0, atol=TOL)
 
 
 @pytest.mark.slow
