@@ -257,11 +257,12 @@ def test_chains_side_by_side_are_refused(mesh, chain_method):
 
 def test_fitted_blocks_compile_key_and_pickle_keep_the_mesh(runs, mesh):
     sharded = runs["sharded"].sampler
-    assert sharded.compile_key() != runs["plain"].sampler.compile_key()
-    other = _kernel("diag", time_mesh(jax.devices()[:4]), block_size=64)
-    other.fit_block_size(100)  # two blocks of 50 without a mesh
+    other = _kernel("diag", time_mesh(jax.devices()[:4]))  # only the mesh differs
     other.init(jax.random.PRNGKey(0), RUN["num_warmup"], None, (), {})
-    assert other.block_size == 52  # multiples of the four devices
+    assert other.block_size == sharded.block_size == BLOCK
     assert other.compile_key() != sharded.compile_key()
+    other.fit_block_size(100)  # four blocks of 25 without a mesh
+    other.init(jax.random.PRNGKey(0), RUN["num_warmup"], None, (), {})
+    assert other.block_size == 28  # multiples of the four devices
     copy = pickle.loads(pickle.dumps(sharded))
     assert copy.mesh == mesh and copy.compile_key() is None

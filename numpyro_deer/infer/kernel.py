@@ -248,11 +248,11 @@ class _DEERKernel(MCMCKernel):
     def compile_key(self) -> tuple | None:
         """What the kernel's traced functions depend on besides their arguments.
 
-        The model function (or potential), the kernel's settings, the warmup
-        length and the structure, shapes and dtypes of the latent values (set
-        by :meth:`init`; ``None`` before). Kernels with equal keys trace to the
-        same functions, so their compiled functions are shared
-        (:mod:`~numpyro_deer.infer.compile_cache`).
+        The model function (or potential), the kernel's settings (its mesh
+        included), the warmup length and the structure, shapes and dtypes of
+        the latent values (set by :meth:`init`; ``None`` before). Kernels with
+        equal keys trace to the same functions, so their compiled functions are
+        shared (:mod:`~numpyro_deer.infer.compile_cache`).
         """
         if self._latent is None:
             return None

@@ -95,6 +95,10 @@ class TimeMesh:
     ) -> tuple[jax.Array, Any, NewtonInfo]:
         """:func:`~numpyro_deer.core.sharded_deer_solve` over the time axis, its
         states and step infos gathered (replicated on every device)."""
+        # the tape split along time where it is drawn, not drawn whole on
+        # every device and then sliced
+        split = NamedSharding(self.mesh, PartitionSpec(self.axis_name))
+        tape = jax.tree.map(lambda x: jax.lax.with_sharding_constraint(x, split), tape)
         states, aux, info = sharded_deer_solve(
             step_fn, x0, tape, key, solver, self.mesh, self.axis_name
         )
