@@ -48,6 +48,7 @@ from numpyro_deer import (
     StochasticDiagonalJacobian,
 )
 from numpyro_deer.core import time_mesh
+from numpyro_deer.infer.memory import check_block_memory
 
 ROOT = Path(__file__).resolve().parents[1]
 COVARIANCE = np.array([[1.0, 0.6, 0.2], [0.6, 2.0, -0.4], [0.2, -0.4, 0.5]])
@@ -183,6 +184,7 @@ jax.config.update("jax_cpu_collectives_implementation", "gloo")
 jax.distributed.initialize(sys.argv[1], num_processes=2, process_id=int(sys.argv[2]))
 import numpy as np
 from numpyro_deer.core import time_mesh
+from numpyro_deer.infer.memory import check_block_memory
 from tests.test_mesh import _run, _kernel
 mcmc = _run(_kernel("diag", time_mesh()), 0, num_chains=2)
 np.save(sys.argv[3], np.asarray(mcmc.get_samples(group_by_chain=True)["x"]))
@@ -246,6 +248,15 @@ def test_mesh_argument_is_checked(mesh):
     kernel = DEERMALA(correlated_gaussian, block_size=BLOCK, mesh=mesh)
     assert kernel.mesh == mesh
     assert kernel.method_chosen == "deer" and "mesh" in kernel.method_choice.reason
+
+
+def test_memory_errors_suggest_multiples_of_the_mesh(mesh):
+    kernel = DEERMALA(correlated_gaussian, block_size=64, mesh=mesh)
+    assert kernel.block_multiple == 8
+    with pytest.raises(ValueError, match=r"block_size=64\) needs .* block_size=16 "):
+        check_block_memory(10 * 2**30, 4 * 2**30, 64, multiple=8)  # not 20
+    with pytest.raises(ValueError, match=r"Set block_size=8 or smaller"):
+        check_block_memory(100 * 2**30, 2**30, 64, multiple=8)  # not 0
 
 
 @pytest.mark.parametrize("chain_method", ["vectorized", "parallel"])

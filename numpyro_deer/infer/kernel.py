@@ -198,6 +198,11 @@ class _DEERKernel(MCMCKernel):
         self._run_steps = num_steps
 
     @property
+    def block_multiple(self) -> int:
+        """Block sizes must be multiples of this: the mesh's device count."""
+        return 1 if self._mesh is None else self._mesh.size
+
+    @property
     def mesh(self) -> Mesh | None:
         """The mesh blocks are solved over (``None``: one device)."""
         return None if self._mesh is None else self._mesh.mesh
@@ -379,6 +384,7 @@ class _DEERKernel(MCMCKernel):
             flat.dtype,
             num_chains=rng_key.shape[0] if vectorized else 1,
             kernel=type(self).__name__,
+            multiple=self.block_multiple,
         )
         self._latent = compile_cache.latent_signature(one)
         dynamic, static = compile_cache.split_model_args(model_args, model_kwargs)
