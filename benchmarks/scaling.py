@@ -1,6 +1,11 @@
-"""Strong and weak scaling of ``sharded_deer_solve`` over devices.
+"""Strong and weak scaling of a block solve split over devices, core and kernel.
 
-One MALA block's time axis is split over 1, 2, 4, ... devices:
+One MALA block's time axis is split over 1, 2, 4, ... devices, measured two ways
+(``--through``): ``core`` times one ``sharded_deer_solve`` of the target's
+potential; ``kernel`` times what a NumPyro user runs,
+``numpyro_deer.MCMC(DEERMALA(model, block_size=T, mesh=mesh))`` sampling
+``--kernel-blocks`` blocks after a warmup of ``--kernel-warmup`` draws (see
+``benchmarks/_scaling_kernel.py``). Both:
 
 * **strong scaling**: the block size ``T`` is fixed (``--block-sizes``) and the
   device count grows; ideal is time ``t(1) / n``;
@@ -12,16 +17,18 @@ One MALA block's time axis is split over 1, 2, 4, ... devices:
 Each configuration is compiled once (the compile time is reported apart) and
 timed over ``--repeats`` runs (median). The tape is generated on the devices,
 already sharded along time. The unsharded ``deer_solve`` on one device is timed
-as the baseline of each strong-scaling block size.
+as the baseline of each strong-scaling block size (with ``--baseline``; for
+the kernel, the kernel without a mesh).
 
 On a CPU-only machine the script exposes ``max(--devices)`` host devices
 (``XLA_FLAGS=--xla_force_host_platform_device_count``) before importing JAX, so
 the sweep runs anywhere; host devices share the machine's cores, so CPU numbers
 test the code path, not the scaling. Run from the repository root::
 
-    python benchmarks/scaling.py --devices 1 2 4                  # CPU, < 1 min
+    python benchmarks/scaling.py --devices 1 2 4                  # CPU, minutes
     python benchmarks/scaling.py --devices 1 2 4 8 --block-sizes 65536 1048576 \\
-        --per-device 131072 1250000 --dim 16 --json benchmarks/results/scaling.json
+        --per-device 131072 1250000 --dim 16 --baseline \\
+        --json benchmarks/results/scaling.json                    # 8 GPUs
 
 The table is printed last; full results go to ``--json``.
 """
@@ -65,6 +72,18 @@ def _parse(argv=None) -> argparse.Namespace:
         "--jacobian", choices=["full", "diag", "stochastic"], default="stochastic"
     )
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument(
+        "--through",
+        choices=["core", "kernel", "both"],
+        default="both",
+        help="time sharded_deer_solve, DEERMALA(mesh=...) through MCMC, or both",
+    )
+    parser.add_argument(
+        "--kernel-warmup", type=int, default=200, help="kernel rows: warmup draws"
+    )
+    parser.add_argument(
+        "--kernel-blocks", type=int, default=1, help="kernel rows: blocks per run"
+    )
     parser.add_argument(
         "--max-draws",
         type=int,
@@ -111,6 +130,11 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 from jax.sharding import NamedSharding, PartitionSpec  # noqa: E402
 
+from benchmarks._scaling_kernel import (  # noqa: E402
+    KernelBench,
+    gaussian_model,
+    logistic_model,
+)
 from numpyro_deer.core import (  # noqa: E402
     MALA,
     DEERSolver,
@@ -149,7 +173,7 @@ def gaussian(dim: int, seed: int):
         return 0.5 * x @ precision @ x
 
     step_size = 0.5 * eig.min() * dim ** (-1 / 3)
-    return potential, jnp.zeros(dim), step_size
+    return potential, jnp.zeros(dim), step_size, gaussian_model(precision)
 
 
 def logistic(dim: int, seed: int, num_obs: int):
@@ -171,7 +195,7 @@ def logistic(dim: int, seed: int, num_obs: int):
         return jnp.sum(jnp.logaddexp(0.0, -y_j * (X_j @ w))) + 0.5 * w @ w
 
     step_size = 0.5 / curvature * dim ** (-1 / 3)
-    return potential, jnp.asarray(w), step_size
+    return potential, jnp.asarray(w), step_size, logistic_model(X, y)
 
 
 # ----------------------------------------------------------------------- running
@@ -203,9 +227,18 @@ class Bench:
     def __init__(self, ns: argparse.Namespace):
         dtype = jnp.float64 if ns.x64 else jnp.float32
         if ns.model == "gaussian":
-            potential, x0, step_size = gaussian(ns.dim, ns.seed)
+            potential, x0, step_size, model = gaussian(ns.dim, ns.seed)
         else:
-            potential, x0, step_size = logistic(ns.dim, ns.seed, ns.num_obs)
+            potential, x0, step_size, model = logistic(ns.dim, ns.seed, ns.num_obs)
+        self.kernel = KernelBench(
+            model,
+            ns.jacobian,
+            ns.kernel_warmup,
+            ns.kernel_blocks,
+            ns.repeats,
+            ns.seed,
+            lambda n: time_mesh(_devices(n)),
+        )
         self.ns, self.dtype = ns, dtype
         # host values, identical on every process: replicated inputs of `jit`
         self.x0 = np.asarray(x0, dtype)
@@ -284,13 +317,27 @@ class Bench:
         del states
         return row
 
+    def run_kernel(self, num_steps: int, num_devices: int | None) -> dict:
+        """``DEERMALA(mesh=...)`` through ``numpyro_deer.MCMC``; ``oom`` recorded."""
+        try:
+            return self.kernel.run(num_steps, num_devices)
+        except Exception as error:  # noqa: BLE001 - recorded, the sweep goes on
+            if not (_is_oom(error) or "block_size=" in str(error)):
+                raise
+            row = {"num_steps": num_steps, "devices": num_devices or 1}
+            return {**row, "status": "oom", "error": str(error).splitlines()[0]}
+
 
 def _sweep(bench: Bench, ns: argparse.Namespace, available: int) -> list[dict]:
     rows = []
     devices = sorted(set(ns.devices))
 
-    def add(mode, num_steps, num_devices, reference=None):
-        base = {"mode": mode, "per_device": num_steps // (num_devices or 1)}
+    def add(through, mode, num_steps, num_devices, reference=None):
+        base = {
+            "through": through,
+            "mode": mode,
+            "per_device": num_steps // (num_devices or 1),
+        }
         processes = jax.process_count()
         if num_devices is not None and num_devices > available:
             row = {"num_steps": num_steps, "devices": num_devices, "status": "skipped"}
@@ -304,6 +351,8 @@ def _sweep(bench: Bench, ns: argparse.Namespace, available: int) -> list[dict]:
         elif num_devices is not None and num_steps % num_devices:
             row = {"num_steps": num_steps, "devices": num_devices, "status": "skipped"}
             row["error"] = f"T not divisible by {num_devices}"
+        elif through == "kernel":
+            row = bench.run_kernel(num_steps, num_devices)
         else:
             row = bench.run(num_steps, num_devices)
         row = {**base, **row}
@@ -319,29 +368,32 @@ def _sweep(bench: Bench, ns: argparse.Namespace, available: int) -> list[dict]:
         _print(_line(row), flush=True)
         return row
 
-    for num_steps in ns.block_sizes:
-        if ns.baseline and jax.process_count() == 1:
-            add("baseline", num_steps, None)
-        reference = None
-        for n in devices:
-            row = add("strong", num_steps, n, reference)
-            if reference is None and row.get("status") == "ok":
-                reference = row
-    for per_device in ns.per_device:
-        reference = None
-        for n in devices:
-            row = add("weak", per_device * n, n, reference)
-            if reference is None and row.get("status") == "ok":
-                reference = row
+    throughs = ["core", "kernel"] if ns.through == "both" else [ns.through]
+    for through in throughs:
+        for num_steps in ns.block_sizes:
+            if ns.baseline and jax.process_count() == 1:
+                add(through, "baseline", num_steps, None)
+            reference = None
+            for n in devices:
+                row = add(through, "strong", num_steps, n, reference)
+                if reference is None and row.get("status") == "ok":
+                    reference = row
+        for per_device in ns.per_device:
+            reference = None
+            for n in devices:
+                row = add(through, "weak", per_device * n, n, reference)
+                if reference is None and row.get("status") == "ok":
+                    reference = row
     return rows
 
 
 COLUMNS = [  # (key, header, format)
+    ("through", "through", "{}"),
     ("mode", "mode", "{}"),
     ("num_steps", "T", "{}"),
     ("devices", "dev", "{}"),
     ("per_device", "T/dev", "{}"),
-    ("iterations", "iter", "{}"),
+    ("iterations", "iter", "{:.4g}"),
     ("converged", "conv", "{}"),
     ("compile_s", "compile s", "{:.2f}"),
     ("wall_s", "wall s", "{:.4f}"),

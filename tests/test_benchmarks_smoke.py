@@ -76,16 +76,16 @@ CASES = {
         "--repeats",
         "1",
     ],
-    "scaling.py": [
+    "scaling.py": [  # the eight host devices of conftest's XLA_FLAGS
         "--devices",
-        "1",
-        "2",
+        "8",
         "--block-sizes",
         "64",
         "--per-device",
-        "32",
         "--repeats",
         "1",
+        "--kernel-warmup",
+        "20",
     ],
     "method_auto.py": [
         "--models",
@@ -171,6 +171,7 @@ WRITES_FOLDER = {"make_references.py"}
 HELPERS = {
     "_setup.py",
     "_hmc_setup.py",
+    "_scaling_kernel.py",
     "common.py",
     "models.py",
     "plot.py",

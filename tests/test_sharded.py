@@ -19,6 +19,7 @@ import pytest
 from jax.sharding import PartitionSpec
 
 from numpyro_deer.core import (
+    HMC,
     MALA,
     DEERSolver,
     DiagonalJacobian,
@@ -66,6 +67,7 @@ def problem():
         x0, tape, STEP_SIZE
     )
     return {
+        "potential": potential,
         "step_fn": make_step_fn(MALA(), potential, STEP_SIZE),
         "tape": tape,
         "x0": x0,
@@ -129,6 +131,21 @@ def test_sharded_equals_unsharded_and_sequential(problem, unsharded, name, num_d
     # The result stays distributed along the time axis.
     assert states.sharding.mesh.shape == mesh.shape
     assert states.sharding.spec == PartitionSpec("time")
+
+
+@pytest.mark.parametrize("name", sorted(STRATEGIES))
+def test_hmc_transition_is_the_chain(problem, name):
+    """HMC's step (a leapfrog loop inside each step) solved over eight devices."""
+    hmc, potential = HMC(num_steps=2), problem["potential"]
+    tape = hmc.make_tape(jax.random.PRNGKey(3), NUM_STEPS, DIM)
+    chain = partial(sequential_chain, hmc, potential)
+    states, _ = jax.jit(chain)(problem["x0"], tape, STEP_SIZE)
+    step_fn = make_step_fn(hmc, potential, STEP_SIZE)
+    mesh = time_mesh(jax.devices()[:8])
+    solve = partial(sharded_deer_solve, step_fn, solver=_solver(name), mesh=mesh)
+    solved, _, info = jax.jit(solve)(problem["x0"], tape, jax.random.PRNGKey(2))
+    assert bool(info.converged) and int(info.iterations) >= 1
+    np.testing.assert_allclose(solved, states, rtol=0, atol=TOL)
 
 
 def test_one_device_mesh_is_the_chain(problem, unsharded):

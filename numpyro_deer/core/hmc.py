@@ -105,7 +105,9 @@ def leapfrog(
         r = r - 0.5 * step_size * mul_sqrt_t(mass_sqrt, grad)
         return x, potential, grad, r
 
-    potential0 = jnp.zeros((), x.dtype)
+    # like `x` (zeros_like, not zeros): inside shard_map the loop carry must
+    # vary over the mesh axes as the state does
+    potential0 = jnp.zeros_like(x[0])
     return jax.lax.fori_loop(0, num_steps, body, (x, potential0, grad_x, momentum))
 
 

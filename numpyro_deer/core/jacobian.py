@@ -151,6 +151,11 @@ def _jvp_columns(step_fn: StepFn, x: Array, tape_t: Any, directions: Array):
     def push(v):
         return jax.jvp(lambda s: step_fn(s, tape_t), (x,), (v,))
 
+    # + zeros_like(x), the same values: inside shard_map a constant basis
+    # does not vary over the mesh axes as x does, which a loop inside the
+    # step (HMC's leapfrog) refuses as a tangent carry
+    directions = directions + jnp.zeros_like(x)
+
     (value, aux), (tangents, _) = jax.vmap(push, out_axes=((None, None), (0, 0)))(
         directions
     )
@@ -185,7 +190,9 @@ def _check_clip(name: str, clip: float | None) -> None:
 def _spectral_norm(matrix: Array, num_iter: int = 20) -> Array:
     """Largest singular value of a small square matrix by power iteration."""
     dim = matrix.shape[-1]
-    v = jnp.ones((dim,), matrix.dtype) / jnp.sqrt(jnp.asarray(dim, matrix.dtype))
+    # like `matrix` (full_like, not ones): inside shard_map the loop carry must
+    # vary over the mesh axes as the matrix does
+    v = jnp.full_like(matrix[0], 1.0) / jnp.sqrt(jnp.asarray(dim, matrix.dtype))
 
     def body(_, v):
         w = matrix.T @ (matrix @ v)

@@ -38,6 +38,7 @@ from ..core.transition import (
     sequential_chain,
 )
 from .hessian_mass import MAX_HESSIAN_DIM
+from .mesh import TimeMesh
 
 
 class BlockBuffer(NamedTuple):
@@ -175,6 +176,7 @@ def refill_block(
     method: str = "deer",
     on_failure: str = "sequential",
     transition: Transition = MALA(),
+    mesh: TimeMesh | None = None,
 ) -> DEERMALAState:
     """Solve the next block from ``state.z`` with a fresh tape; ``index = 0``.
 
@@ -186,7 +188,8 @@ def refill_block(
     turned non-finite. The block is
     solved in the whitened coordinates ``w = L^{-1} x``, rotated to the mean
     Hessian's eigenbasis when ``solver.solve_basis`` says so (both methods use
-    the same basis, so they compute the same chain).
+    the same basis, so they compute the same chain). With a ``mesh`` the DEER
+    solve is split over its devices (:mod:`~numpyro_deer.infer.mesh`).
     """
     block_size = state.block.z.shape[0]
     rng_key, key_tape, key_probe = jax.random.split(state.rng_key, 3)
@@ -218,9 +221,12 @@ def refill_block(
         sequential = make_sequential_step(
             transition, potential_u, step_size, None, gate
         )
-        u, step_info, info = deer_solve(
-            step_fn, u0, tape_u, key_probe, solver, None, sequential
-        )
+        if mesh is None:
+            u, step_info, info = deer_solve(
+                step_fn, u0, tape_u, key_probe, solver, None, sequential
+            )
+        else:
+            u, step_info, info = mesh.solve(step_fn, u0, tape_u, key_probe, solver)
         finish = ~info.converged
         if on_failure == "warn":
             finish = info.result == RESULTS.nonfinite

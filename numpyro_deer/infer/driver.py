@@ -380,6 +380,7 @@ class MCMC(numpyro.infer.MCMC):
             free,
             self.sampler.block_size,
             kernel=type(self.sampler).__name__,
+            multiple=getattr(self.sampler, "block_multiple", 1),
         )
         checked.add("done")
 

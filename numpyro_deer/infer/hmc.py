@@ -5,6 +5,7 @@ from __future__ import annotations
 import numbers
 from collections.abc import Callable
 
+from jax.sharding import Mesh
 from numpyro.infer.initialization import init_to_uniform
 
 from ..core.hmc import HMC
@@ -56,7 +57,7 @@ class DEERHMC(_DEERKernel):
             warmup (dual averaging). ``0.8`` by default.
         **others: ``adapt_step_size``, ``adapt_mass_matrix``, ``dense_mass``,
             ``init_strategy``, ``block_size``, ``method``, ``solver``,
-            ``on_failure`` and ``validate_model`` are those of
+            ``on_failure``, ``validate_model`` and ``mesh`` are those of
             :class:`~numpyro_deer.DEERMALA`.
     """
 
@@ -78,6 +79,7 @@ class DEERHMC(_DEERKernel):
         solver: DEERSolver = DEERSolver(),
         on_failure: str = "sequential",
         validate_model: bool = True,
+        mesh: Mesh | None = None,
     ):
         if not (
             isinstance(num_steps, numbers.Integral)
@@ -111,6 +113,7 @@ class DEERHMC(_DEERKernel):
             solver=solver,
             on_failure=on_failure,
             validate_model=validate_model,
+            mesh=mesh,
         )
 
     @property

@@ -15,6 +15,7 @@ from functools import partial
 import jax
 import jax.numpy as jnp
 from jax.flatten_util import ravel_pytree
+from jax.sharding import Mesh
 from numpyro.infer.initialization import init_to_uniform
 from numpyro.infer.mcmc import MCMCKernel
 from numpyro.infer.util import initialize_model
@@ -48,6 +49,7 @@ from .checks import (
 from .convergence import raise_unconverged, warn_unconverged
 from .hessian_mass import resolve_mass_adaptation
 from .memory import check_buffer_memory
+from .mesh import MESH_CHOICE, check_chains, check_mesh, fit_to_mesh
 from .method import (
     SLOW_DRIVER_MESSAGE,
     MethodChoice,
@@ -97,6 +99,7 @@ class _DEERKernel(MCMCKernel):
         solver: DEERSolver = DEERSolver(),
         on_failure: str = "sequential",
         validate_model: bool = True,
+        mesh: Mesh | None = None,
     ):
         name = type(self).__name__
         check_kernel_arguments(
@@ -113,6 +116,7 @@ class _DEERKernel(MCMCKernel):
             solver=solver,
             on_failure=on_failure,
         )
+        self._mesh = check_mesh(name, mesh, block_size, method)
         self._transition = transition
         self._solver = solver
         self._method = method
@@ -124,7 +128,8 @@ class _DEERKernel(MCMCKernel):
         # the block size of the run: fitted to it by numpyro_deer.MCMC
         self._run_block_size = self._block_size
         self._run_steps = None
-        self._method_choice = None
+        # with a mesh, blocks are DEER solves: nothing to measure
+        self._method_choice = None if self._mesh is None else MESH_CHOICE
         self._trial_method = None
         self._warned_slow_driver = False
         self._adapt_step_size = adapt_step_size
@@ -193,6 +198,16 @@ class _DEERKernel(MCMCKernel):
         self._run_steps = num_steps
 
     @property
+    def block_multiple(self) -> int:
+        """Block sizes must be multiples of this: the mesh's device count."""
+        return 1 if self._mesh is None else self._mesh.size
+
+    @property
+    def mesh(self) -> Mesh | None:
+        """The mesh blocks are solved over (``None``: one device)."""
+        return None if self._mesh is None else self._mesh.mesh
+
+    @property
     def solver(self) -> DEERSolver:
         return self._solver
 
@@ -238,11 +253,11 @@ class _DEERKernel(MCMCKernel):
     def compile_key(self) -> tuple | None:
         """What the kernel's traced functions depend on besides their arguments.
 
-        The model function (or potential), the kernel's settings, the warmup
-        length and the structure, shapes and dtypes of the latent values (set
-        by :meth:`init`; ``None`` before). Kernels with equal keys trace to the
-        same functions, so their compiled functions are shared
-        (:mod:`~numpyro_deer.infer.compile_cache`).
+        The model function (or potential), the kernel's settings (its mesh
+        included), the warmup length and the structure, shapes and dtypes of
+        the latent values (set by :meth:`init`; ``None`` before). Kernels with
+        equal keys trace to the same functions, so their compiled functions are
+        shared (:mod:`~numpyro_deer.infer.compile_cache`).
         """
         if self._latent is None:
             return None
@@ -263,6 +278,7 @@ class _DEERKernel(MCMCKernel):
             self._num_warmup,
             self._latent,
             MATMUL_PRECISION,
+            self._mesh,
         )
 
     def _adapter(self, potential_flat, window_end=True):
@@ -319,9 +335,12 @@ class _DEERKernel(MCMCKernel):
         self._run_block_size = (
             self._block_size
             if self._run_steps is None
-            else fitted_block_size(self._block_size, self._run_steps)
+            else fit_to_mesh(
+                fitted_block_size(self._block_size, self._run_steps), self._mesh
+            )
         )
         vectorized = not is_prng_key(rng_key)
+        check_chains(type(self).__name__, self._mesh, vectorized, rng_key)
         if vectorized:
             # the chain axis comes from where the parameters came from: the
             # user's init_params carry one (as for NumPyro's kernels), the
@@ -365,6 +384,7 @@ class _DEERKernel(MCMCKernel):
             flat.dtype,
             num_chains=rng_key.shape[0] if vectorized else 1,
             kernel=type(self).__name__,
+            multiple=self.block_multiple,
         )
         self._latent = compile_cache.latent_signature(one)
         dynamic, static = compile_cache.split_model_args(model_args, model_kwargs)
@@ -374,6 +394,8 @@ class _DEERKernel(MCMCKernel):
         )
         with self._precision():
             state = init_fn(init_params, rng_key, dynamic)
+        if self._mesh is not None:
+            state = self._mesh.place(state)
         self._sample_fn = partial(self._sample, batched=vectorized)
         check_initial_potential(state.potential_energy)
         return state
@@ -489,6 +511,7 @@ class _DEERKernel(MCMCKernel):
                 self._resolved_method(),
                 self._on_failure,
                 self._transition,
+                self._mesh,
             )
 
         if batched:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from jax.sharding import Mesh
 from numpyro.infer.initialization import init_to_uniform
 
 from ..core.mala import MALA
@@ -101,6 +102,16 @@ class DEERMALA(_DEERKernel):
             ``numpyro.infer.MCMC``). ``state.block.info.result`` says why a
             solve stopped (:class:`numpyro_deer.core.RESULTS`).
         validate_model: check the model for unsupported features at init.
+        mesh: a :class:`jax.sharding.Mesh` (e.g.
+            :func:`numpyro_deer.core.time_mesh`) to split each block's solve
+            over: device ``d`` of the mesh's time axis (its only axis, or the
+            one named ``"time"``) solves steps ``d B / n + 1 .. (d + 1) B / n``
+            with :func:`~numpyro_deer.core.sharded_deer_solve`, the same chain
+            as on one device. Warmup runs replicated on every device and the
+            solved block is gathered to all of them. ``block_size`` must be a
+            multiple of the device count, ``method`` is ``"deer"`` (``"auto"``
+            means it), and one chain runs at a time: several chains need
+            ``chain_method="sequential"``. See the scaling page of the docs.
     """
 
     def __init__(
@@ -119,6 +130,7 @@ class DEERMALA(_DEERKernel):
         solver: DEERSolver = DEERSolver(),
         on_failure: str = "sequential",
         validate_model: bool = True,
+        mesh: Mesh | None = None,
     ):
         super().__init__(
             MALA(),
@@ -135,4 +147,5 @@ class DEERMALA(_DEERKernel):
             solver=solver,
             on_failure=on_failure,
             validate_model=validate_model,
+            mesh=mesh,
         )

@@ -54,16 +54,19 @@ def check_block_memory(
     block_size: int,
     what: str = "per block",
     kernel: str = "DEERMALA",
+    multiple: int = 1,
 ):
     """Raise ``ValueError`` if a block needs more memory than the device has free.
 
     The suggested ``block_size`` assumes memory grows about linearly with it,
     which holds for the per-step arrays that dominate large blocks. ``what``
-    says what ``required`` covers, for the message.
+    says what ``required`` covers, for the message; the suggestion is a
+    multiple of ``multiple`` (a mesh's device count).
     """
     if required is None or free is None or required <= free:
         return
-    suggestion = max(1, int(block_size * free / required * 0.8))
+    suggestion = int(block_size * free / required * 0.8)
+    suggestion = max(multiple, suggestion - suggestion % multiple)
     raise ValueError(
         f"{kernel}(block_size={block_size}) needs about {required / _GIB:.2f} GiB "
         f"of device memory {what}, but the device has {free / _GIB:.2f} GiB "
@@ -78,6 +81,7 @@ def check_buffer_memory(
     num_chains: int = 1,
     device=None,
     kernel: str = "DEERMALA",
+    multiple: int = 1,
 ) -> None:
     """Raise ``ValueError`` if the buffer of a block's draws cannot fit.
 
@@ -95,4 +99,5 @@ def check_buffer_memory(
         what=f"for the buffer of its draws alone ({num_chains} x {block_size} "
         f"x {dim} values)",
         kernel=kernel,
+        multiple=multiple,
     )
