@@ -1,17 +1,19 @@
-r"""Warmup: sequential MALA steps under NumPyro's adaptation.
+r"""Warmup: sequential steps of the transition under NumPyro's adaptation.
 
 Warmup is not solved by DEER: while the step size and the mass matrix change
 from one step to the next there is no fixed map ``s_t = f_t(s_{t-1})`` to solve
-for. Each warmup draw is one MALA step (:func:`numpyro_deer.core.make_step_fn`)
-followed by NumPyro's ``warmup_adapter`` update: dual averaging of the step
-size toward ``target_accept_prob`` (Hoffman and Gelman, 2014) over the window
-schedule of Stan, and at each window end either NumPyro's own mass matrix (the
-windowed covariance of the draws) or the inverse mean Hessian
-(:func:`numpyro_deer._hessian_mass.hessian_window_end`).
+for. Each warmup draw is one step of the kernel's transition (MALA or HMC,
+:func:`numpyro_deer.core.make_step_fn`) followed by NumPyro's
+``warmup_adapter`` update: dual averaging of the step size toward
+``target_accept_prob`` (Hoffman and Gelman, 2014) over the window schedule of
+Stan, and at each window end either NumPyro's own mass matrix (the windowed
+covariance of the draws) or the inverse mean Hessian
+(:func:`numpyro_deer.infer.hessian_mass.hessian_window_end`).
 
 NumPyro's adapter searches a starting step size at each window start with a
 ``find_reasonable_step_size`` written for HMC (one leapfrog step);
-:func:`find_reasonable_step_size` is its MALA counterpart.
+:func:`find_reasonable_step_size` is its counterpart for the kernel's
+transition.
 """
 
 from __future__ import annotations
@@ -47,12 +49,12 @@ def find_reasonable_step_size(
 ) -> Array:
     r"""Double or halve the step size until one step's acceptance crosses target.
 
-    With ``a(\epsilon)`` the acceptance probability of one MALA step from
-    ``z_info[0]`` on a fixed normal draw: if ``a(step_size) > target`` the step
-    doubles while ``a > target`` and the last step that still passed is
-    returned; otherwise it halves until ``a >= target``. Either way
-    ``a(\epsilon) \ge target \ge a(2 \epsilon)`` unless the search stopped after
-    :data:`MAX_STEP_SIZE_SEARCH` changes. The signature is the one NumPyro's
+    With ``a(\epsilon)`` the acceptance probability of one step of
+    ``transition`` from ``z_info[0]`` on a fixed tape: if
+    ``a(step_size) > target`` the step doubles while ``a > target`` and the
+    last step that still passed is returned; otherwise it halves until
+    ``a >= target``. Either way ``a(\epsilon) \ge target \ge a(2 \epsilon)``
+    unless the search stopped after :data:`MAX_STEP_SIZE_SEARCH` changes. The signature is the one NumPyro's
     ``warmup_adapter`` calls, with ``potential_flat`` and ``target`` bound;
     ``transition`` is the taped step (MALA by default) on a one-step tape.
     """
