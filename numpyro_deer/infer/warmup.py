@@ -54,9 +54,10 @@ def find_reasonable_step_size(
     ``a(step_size) > target`` the step doubles while ``a > target`` and the
     last step that still passed is returned; otherwise it halves until
     ``a >= target``. Either way ``a(\epsilon) \ge target \ge a(2 \epsilon)``
-    unless the search stopped after :data:`MAX_STEP_SIZE_SEARCH` changes. The signature is the one NumPyro's
-    ``warmup_adapter`` calls, with ``potential_flat`` and ``target`` bound;
-    ``transition`` is the taped step (MALA by default) on a one-step tape.
+    unless the search stopped after :data:`MAX_STEP_SIZE_SEARCH` changes. The
+    signature is the one NumPyro's ``warmup_adapter`` calls, with
+    ``potential_flat`` and ``target`` bound; ``transition`` is the taped step
+    (MALA by default) on a one-step tape.
     """
     x = z_info[0]
     tape = transition.make_tape(rng_key, 1, x.shape[0], x.dtype)
