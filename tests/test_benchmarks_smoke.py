@@ -182,14 +182,19 @@ HELPERS = {
 TESTED_ELSEWHERE = {"race.py", "race_samplers.py", "gym_models.py", "end_to_end.py"}
 
 
-# the studies behind benchmarks/results/LOG.md, whose numbers no table of the
-# docs quotes: `-m bench` runs them (each a minute or two of compilation on
-# two cores)
+# the default run keeps the scripts of the headline tables (suite.py here;
+# end_to_end.py, race.py and scaling.py) and make_references.py; the other
+# studies, each a minute or two of compilation on two cores, run with
+# `-m bench`
 BENCH_ONLY = {
     "ablation.py",
+    "compile_profile.py",
+    "driver_overhead.py",
     "hmc_formulations.py",
     "hmc_tuning.py",
+    "hmc_vs_mala.py",
     "iteration_cost.py",
+    "method_auto.py",
     "vectorized_chains.py",
     "warmup_cost.py",
 }

@@ -323,7 +323,7 @@ def test_closed_form_posteriors():
         mcmc = MCMC(
             DEERMALA(model, block_size=512, method="deer"),
             num_warmup=400,
-            num_samples=4096,
+            num_samples=2048,
             progress_bar=False,
         )
         mcmc.run(jax.random.PRNGKey(0), *args, **kwargs)
