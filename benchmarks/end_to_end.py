@@ -52,7 +52,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-METHODS = ("deer", "sequential", "nuts")
+METHODS = ("deer", "sequential", "nuts", "nuts_cpu")
 PHASE_EVENTS = {
     "/jax/core/compile/jaxpr_trace_duration": "trace",
     "/jax/core/compile/jaxpr_to_mlir_module_duration": "lower",
@@ -151,14 +151,21 @@ def _child(spec: dict) -> dict:
     method = spec["method"]
     args, kwargs = bench.make_data()
     args = tuple(args)
-    num_samples = spec["nuts_num_samples"] if method == "nuts" else spec["num_samples"]
+    is_nuts = method.startswith("nuts")
+    num_samples = spec["nuts_num_samples"] if is_nuts else spec["num_samples"]
+    chains = spec.get("nuts_chains", 1)
 
     def new_mcmc(**options):
-        if method == "nuts":
+        if is_nuts:
             return numpyro.infer.MCMC(
-                NUTS(bench.model),
+                NUTS(
+                    bench.model,
+                    dense_mass=spec.get("nuts_dense", False) and method == "nuts",
+                ),
                 num_warmup=spec["num_warmup"],
                 num_samples=num_samples,
+                num_chains=chains,
+                chain_method="parallel" if method == "nuts_cpu" else "vectorized",
                 progress_bar=False,
                 **options,
             )
@@ -186,7 +193,13 @@ def _child(spec: dict) -> dict:
         mcmc.run(jax.random.PRNGKey(seed), *a, **k)
         jax.block_until_ready(mcmc.get_samples())
 
-    result = {"model": spec["model"], "method": method, "num_samples": num_samples}
+    result = {
+        "model": spec["model"],
+        "method": method,
+        "num_samples": num_samples,
+        "num_chains": chains if is_nuts else 1,
+        "platform": jax.default_backend(),
+    }
     mcmc = new_mcmc()
     result["first"] = timed(lambda: run(mcmc, 0))
     latent = set(mcmc.last_state.z)
@@ -194,7 +207,7 @@ def _child(spec: dict) -> dict:
     ess = common.min_ess({s: v for s, v in samples.items() if s in latent})
     result["min_ess"] = ess["min_ess"]
     result["min_ess_site"] = ess["min_site"]
-    if method != "nuts":
+    if not is_nuts:
         info = mcmc.last_state.block.info
         result["newton_iterations"] = int(np.max(np.asarray(info.iterations)))
     if spec.get("first_only"):
@@ -243,6 +256,11 @@ def _spawn(spec: dict, timeout: float) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "result.json"
         env = dict(os.environ)
+        if spec["method"] == "nuts_cpu":
+            # NumPyro's NUTS on the host CPU, a chain per (host) device
+            env["JAX_PLATFORMS"] = "cpu"
+            count = f"--xla_force_host_platform_device_count={spec['nuts_chains']}"
+            env["XLA_FLAGS"] = f"{env.get('XLA_FLAGS', '')} {count}".strip()
         env["PYTHONPATH"] = os.pathsep.join(
             [str(ROOT)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
         )
@@ -270,6 +288,8 @@ def measure(model: str, method: str, ns) -> dict:
         "nuts_num_samples": ns.nuts_num_samples,
         "block_size": ns.block_size,
         "first_only": ns.first_only,
+        "nuts_chains": ns.nuts_chains,
+        "nuts_dense": ns.nuts_dense,
     }
     print(f"{model} / {method} ...", file=sys.stderr, flush=True)
     row = {"model": model, "method": method, **_spawn(spec, ns.timeout)}
@@ -305,18 +325,20 @@ def _derive(row: dict) -> dict:
 
 def _ratios(rows: list[dict]) -> list[dict]:
     """Wall times relative to NUTS on the same model (the issue's goals)."""
-    nuts = {r["model"]: r for r in rows if r.get("method") == "nuts"}
+    nuts = [r for r in rows if r.get("method", "").startswith("nuts")]
     out = []
     for r in rows:
-        ref = nuts.get(r.get("model"))
-        if r.get("method") == "nuts" or ref is None or "first" not in r:
+        if r.get("method", "").startswith("nuts") or "first" not in r:
             continue
-        entry = {"model": r["model"], "method": r["method"]}
-        for stage in ("first", "second", "new_data", "cache_warm"):
-            a = r.get(stage, {}).get("wall_s")
-            b = ref.get(stage, {}).get("wall_s")
-            entry[f"{stage}_vs_nuts"] = a / b if a and b else None
-        out.append(entry)
+        for ref in (n for n in nuts if n.get("model") == r.get("model")):
+            entry = {"model": r["model"], "method": r["method"], "vs": ref["method"]}
+            for stage in ("first", "second", "new_data", "cache_warm"):
+                a = r.get(stage, {}).get("wall_s")
+                b = ref.get(stage, {}).get("wall_s")
+                entry[f"{stage}_vs_nuts"] = a / b if a and b else None
+            a, b = r.get("ess_per_s_first"), ref.get("ess_per_s_first")
+            entry["ess_per_s_first_vs_nuts"] = a / b if a and b else None
+            out.append(entry)
     return out
 
 
@@ -357,12 +379,25 @@ def parse_args(argv=None):
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     parser.add_argument("--models", nargs="+", default=None, help="default: all six")
-    parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
+    parser.add_argument(
+        "--methods", nargs="+", default=["deer", "sequential", "nuts"], choices=METHODS
+    )
     parser.add_argument("--num-warmup", type=int, default=500)
     parser.add_argument(
         "--num-samples", type=int, default=4096, help="draws of the DEERMALA methods"
     )
     parser.add_argument("--nuts-num-samples", type=int, default=1000)
+    parser.add_argument(
+        "--nuts-chains",
+        type=int,
+        default=1,
+        help="NUTS chains: vectorized for nuts, one per host device for nuts_cpu",
+    )
+    parser.add_argument(
+        "--nuts-dense",
+        action="store_true",
+        help="a dense mass matrix for nuts (not nuts_cpu)",
+    )
     parser.add_argument("--block-size", type=int, default=1024)
     parser.add_argument(
         "--no-cache", action="store_true", help="skip the persistent-cache processes"
@@ -418,10 +453,12 @@ def main(argv=None) -> list[dict]:
                 [
                     ("model", "model"),
                     ("method", "method"),
+                    ("vs", "vs"),
                     ("first_vs_nuts", "first / NUTS", ".3g"),
                     ("second_vs_nuts", "2nd obj / NUTS", ".3g"),
                     ("new_data_vs_nuts", "new data / NUTS", ".3g"),
                     ("cache_warm_vs_nuts", "cached / NUTS", ".3g"),
+                    ("ess_per_s_first_vs_nuts", "ESS/s first / NUTS", ".3g"),
                 ],
             )
         )

@@ -1,9 +1,10 @@
-"""Draws pinned before the package was restructured: the same key and settings
-give the same chain.
+"""Pinned draws: the same key and settings give the same chain.
 
-The values were taken from the code as it was before the redesign (float64,
+The values were taken when the tapes became flat draws (float64,
 ``PRNGKey(1)``, 100 warmup draws, blocks of 32, 64 draws): draws 0, 31, 32
-and 63 of a few latent sites. DEER agrees with the sequential scan of the same
+and 63 of a few latent sites. A change of the chain for a given key (how the
+tape is drawn, the step size or mass adaptation, an accept decision) fails
+here and is a breaking change that the changelog says. DEER agrees with the sequential scan of the same
 tape up to the solver's tolerance, so its pinned values are compared with a
 tolerance that a changed chain (a different tape, step size or accept
 decision) would exceed by orders of magnitude.
@@ -23,46 +24,46 @@ from benchmarks.models import (
 from numpyro_deer import DEERMALA, MCMC
 
 # fmt: off
-PINNED = {('eight_schools', 'deer'): {'mu': [0.71234981165516,
-                                    -4.69944280849518,
-                                    -4.19899731277231,
-                                    -0.423425532900334],
-                             'tau': [15.5702896724467,
-                                     8.68581629060891,
-                                     8.73396778508286,
-                                     2.3920180492841],
-                             'theta_tilde': [0.577215586854963,
-                                             -0.34439409278461,
-                                             0.483676570123888,
-                                             0.201872838060215,
-                                             0.513329919364993,
-                                             -0.0133029240421714,
-                                             -1.73375021370721,
-                                             -1.76500576704922]},
- ('eight_schools', 'sequential'): {'mu': [0.71234981165516,
-                                          -4.69944284044219,
-                                          -4.19899734472965,
-                                          -0.423425551722267],
-                                   'tau': [15.5702896724467,
-                                           8.68581638308525,
-                                           8.73396787763845,
-                                           2.39201805620054],
-                                   'theta_tilde': [0.577215586854963,
-                                                   -0.34439409278461,
-                                                   0.483676576426756,
-                                                   0.20187284657888,
-                                                   0.513329925697971,
-                                                   -0.0133029155967969,
-                                                   -1.73375021157467,
-                                                   -1.76500576241533]},
- ('gaussian_mean', 'deer'): {'mu': [2.7457710120453,
-                                    2.74772003937186,
-                                    3.05958214989252,
-                                    3.05880873650581]},
- ('gaussian_mean', 'sequential'): {'mu': [2.7457710120453,
-                                          2.74772003937186,
-                                          3.05958214989252,
-                                          3.05880873650581]}}
+PINNED = {('eight_schools', 'deer'): {'mu': [4.74478991790794,
+                                    6.2719838007131,
+                                    6.35113528107128,
+                                    4.93904295644127],
+                             'tau': [5.23162918101779,
+                                     2.64704569013428,
+                                     2.79479441213311,
+                                     0.398127728646532],
+                             'theta_tilde': [0.980457439023269,
+                                             -0.101459901994274,
+                                             -0.242880840861462,
+                                             -2.15876744049986,
+                                             0.136178256835329,
+                                             -2.6296764342153,
+                                             0.777422746037026,
+                                             0.650349813590865]},
+ ('eight_schools', 'sequential'): {'mu': [4.74478991790794,
+                                          6.27198379524906,
+                                          6.35113527536733,
+                                          4.93904295503955],
+                                   'tau': [5.23162918101777,
+                                           2.64704567300662,
+                                           2.79479439491515,
+                                           0.3981277229116],
+                                   'theta_tilde': [0.980457439023267,
+                                                   -0.101459901994274,
+                                                   -0.242880841897432,
+                                                   -2.15876744033704,
+                                                   0.136178255873979,
+                                                   -2.6296764341466,
+                                                   0.777422742315468,
+                                                   0.650349814215496]},
+ ('gaussian_mean', 'deer'): {'mu': [3.17460365793467,
+                                    2.64805185248708,
+                                    2.83059363123726,
+                                    3.04598119268611]},
+ ('gaussian_mean', 'sequential'): {'mu': [3.17460365793467,
+                                          2.64805185248708,
+                                          2.83059363123726,
+                                          3.04598119268611]}}
 # fmt: on
 
 CASES = {

@@ -43,7 +43,7 @@ from jax import Array
 
 from .gates import Gate, HardGate
 from .metric import mul_sqrt, mul_sqrt_t
-from .transition import Carry, PotentialFn, StepInfo, metropolis_accept
+from .transition import Carry, PotentialFn, StepInfo, flat_draw, metropolis_accept
 
 
 class HMCTape(NamedTuple):
@@ -65,21 +65,18 @@ class HMCTape(NamedTuple):
 def make_hmc_tape(
     rng_key: Array, num_steps: int, dim: int, dtype=None, jitter: float = 0.0
 ) -> HMCTape:
-    """Draw the tape of ``num_steps`` transitions: one key per transition.
+    """Draw the tape of ``num_steps`` transitions, each part as one flat draw
+    (:func:`~numpyro_deer.core.transition.flat_draw`).
 
     ``jitter = j`` draws each transition's step size factor uniformly from
     ``[1 - j, 1 + j]`` (Neal, 2011, section 5.4.2.2).
     """
     dtype = jnp.result_type(float) if dtype is None else dtype
-
-    def one(key):
-        k_noise, k_u, k_scale = jax.random.split(key, 3)
-        noise = jax.random.normal(k_noise, (dim,), dtype)
-        log_u = jnp.log(jax.random.uniform(k_u, (), dtype))
-        scale = 1.0 + jitter * jax.random.uniform(k_scale, (), dtype, -1.0, 1.0)
-        return noise, log_u, scale
-
-    return HMCTape(*jax.vmap(one)(jax.random.split(rng_key, num_steps)))
+    k_noise, k_u, k_scale = jax.random.split(rng_key, 3)
+    noise = flat_draw(jax.random.normal, k_noise, (num_steps, dim), dtype)
+    log_u = jnp.log(jax.random.uniform(k_u, (num_steps,), dtype))
+    scale = 1.0 + jitter * jax.random.uniform(k_scale, (num_steps,), dtype, -1.0, 1.0)
+    return HMCTape(noise, log_u, scale)
 
 
 def leapfrog(

@@ -38,7 +38,7 @@ from jax import Array
 
 from .certificate import finite_or_fixed_point
 from .scan import scan_dense, scan_diagonal
-from .transition import StepFn
+from .transition import StepFn, flat_draw
 
 
 class Linearization(NamedTuple):
@@ -302,8 +302,9 @@ class StochasticDiagonalJacobian(_DiagonalStructure):
 
     def linearize(self, step_fn: StepFn, prev: Array, tape: Any, key: Array):
         num_steps, dim = prev.shape
-        # Rademacher signs from raw bits: one threefry call, cheap to compile
-        bits = jax.random.bits(key, (num_steps, self.num_probes, dim), jnp.uint8)
+        # Rademacher signs from raw bits: one flat threefry call, cheap to compile
+        shape = (num_steps, self.num_probes, dim)
+        bits = flat_draw(jax.random.bits, key, shape, jnp.uint8)
         probes = jnp.where(bits & 1, 1.0, -1.0).astype(prev.dtype)
 
         def one(x, tape_t, z):

@@ -33,7 +33,7 @@ from jax import Array
 
 from .gates import Gate, HardGate
 from .metric import mul_mass, mul_sqrt, solve_sqrt
-from .transition import Carry, PotentialFn, StepInfo, metropolis_accept
+from .transition import Carry, PotentialFn, StepInfo, flat_draw, metropolis_accept
 
 
 class MALATape(NamedTuple):
@@ -49,16 +49,12 @@ class MALATape(NamedTuple):
 
 
 def make_tape(rng_key: Array, num_steps: int, dim: int, dtype=None) -> MALATape:
-    """Draw the tape of ``num_steps`` steps: one key per step, split once."""
+    """Draw the tape of ``num_steps`` steps: the noise and the accept variables
+    each as one flat draw (:func:`~numpyro_deer.core.transition.flat_draw`)."""
     dtype = jnp.result_type(float) if dtype is None else dtype
-
-    def one(key):
-        k_noise, k_u = jax.random.split(key)
-        noise = jax.random.normal(k_noise, (dim,), dtype)
-        log_u = jnp.log(jax.random.uniform(k_u, (), dtype))
-        return noise, log_u
-
-    noise, log_u = jax.vmap(one)(jax.random.split(rng_key, num_steps))
+    k_noise, k_u = jax.random.split(rng_key)
+    noise = flat_draw(jax.random.normal, k_noise, (num_steps, dim), dtype)
+    log_u = jnp.log(jax.random.uniform(k_u, (num_steps,), dtype))
     return MALATape(noise, log_u)
 
 

@@ -186,10 +186,12 @@ def refill_block(
     before it are certified, the rest recomputed with the same tape), except
     with ``on_failure="warn"``, which keeps the solve's last iterate unless it
     turned non-finite. The block is
-    solved in the whitened coordinates ``w = L^{-1} x``, rotated to the mean
-    Hessian's eigenbasis when ``solver.solve_basis`` says so (both methods use
-    the same basis, so they compute the same chain). With a ``mesh`` the DEER
-    solve is split over its devices (:mod:`~numpyro_deer.infer.mesh`).
+    solved in the whitened coordinates ``w = L^{-1} x``; DEER rotates them to
+    the mean Hessian's eigenbasis when ``solver.solve_basis`` says so. MALA
+    and HMC with an identity metric commute with a rotation (of the state,
+    gradient and tape noise alike), so both methods compute the same chain,
+    up to the rounding of the rotation. With a ``mesh`` the DEER solve is split
+    over its devices (:mod:`~numpyro_deer.infer.mesh`).
     """
     block_size = state.block.z.shape[0]
     rng_key, key_tape, key_probe = jax.random.split(state.rng_key, 3)
@@ -201,7 +203,11 @@ def refill_block(
     tape = transition.make_tape(key_tape, block_size, w0.shape[0], w0.dtype)
 
     solve_basis = solver.solve_basis
-    if solve_basis == "auto":
+    if method == "sequential":
+        # the solve basis only helps the Newton solve; a rotation leaves the
+        # chain the same (up to rounding) and costs a Hessian per block
+        solve_basis = "whitened"
+    elif solve_basis == "auto":
         solve_basis = "hessian" if w0.shape[0] <= MAX_HESSIAN_DIM else "whitened"
     if solve_basis == "hessian":
         points = jax.vmap(lambda x: solve_sqrt(mass_sqrt, x))(state.curvature_points)
