@@ -9,6 +9,10 @@ must give the draws of the unsharded one within ``1e-10``:
 * block by block for every Jacobian strategy: a block refilled by the sharded
   kernel from a post-warmup state against the same block refilled by the
   unsharded kernel with ``method="sequential"``;
+* two vectorized chains over a ``2 x 4`` mesh (chains over its ``"chain"``
+  axis, each chain's blocks over its ``"time"`` axis), default and full
+  Jacobians, against the unsharded kernel's two vectorized chains; slow: four
+  chains on the two rows, and stock ``numpyro.infer.MCMC``;
 * block by block for :class:`~numpyro_deer.DEERHMC`, through stock
   ``numpyro.infer.MCMC``, and over two processes of four devices each
   (``jax.distributed`` with CPU collectives): slow, other compiled programs
@@ -35,6 +39,8 @@ import numpy as np
 import numpyro
 import numpyro.distributions as dist
 import pytest
+from jax.sharding import Mesh
+from jax.sharding import PartitionSpec as P
 from numpyro.infer import MCMC as StockMCMC
 
 from numpyro_deer import (
@@ -263,6 +269,92 @@ def test_memory_errors_suggest_multiples_of_the_mesh(mesh):
 def test_chains_side_by_side_are_refused(mesh, chain_method):
     mcmc = MCMC(_kernel("diag", mesh), num_chains=2, chain_method=chain_method, **RUN)
     with pytest.raises(ValueError, match=r"mesh=.*chain_method='sequential'"):
+        mcmc.run(jax.random.PRNGKey(0))
+
+
+@pytest.fixture(scope="module")
+def chain_mesh():
+    """Two chains' rows of four devices: chains over "chain", blocks over "time"."""
+    return Mesh(np.array(jax.devices()[:8]).reshape(2, 4), ("chain", "time"))
+
+
+def _run_vectorized(kernel, num_chains: int = 2, seed: int = 0) -> MCMC:
+    mcmc = MCMC(kernel, num_chains=num_chains, chain_method="vectorized", **RUN)
+    mcmc.run(jax.random.PRNGKey(seed), extra_fields=("newton_iterations",))
+    return mcmc
+
+
+@pytest.fixture(scope="module")
+def vectorized_reference():
+    """Two vectorized chains, unsharded (the sequential scan: the chain)."""
+    return _run_vectorized(_kernel("diag", method="sequential"))
+
+
+# "stochastic" is DEERSolver's default Jacobian
+@pytest.mark.parametrize("name", ["stochastic", "full"])
+def test_vectorized_chains_over_a_chain_axis_give_the_unsharded_draws(
+    vectorized_reference, chain_mesh, name
+):
+    sharded = _run_vectorized(_kernel(name, chain_mesh, basis="whitened"))
+    _assert_same_chains(sharded, vectorized_reference, 2)
+    draws = sharded.get_samples(group_by_chain=True)["x"]
+    assert np.max(np.abs(draws[0] - draws[1])) > 0.1  # two chains
+    # each chain's state on its own row of the mesh
+    sharding = sharded.last_state.z["x"].sharding
+    assert sharding.mesh == chain_mesh and sharding.spec == P("chain")
+
+
+@pytest.mark.slow
+def test_a_multiple_of_the_chain_axis_gives_the_unsharded_draws(chain_mesh):
+    """Four chains on the two rows, two on each."""
+    reference = _run_vectorized(_kernel("diag", method="sequential"), num_chains=4)
+    sharded = _run_vectorized(
+        _kernel("diag", chain_mesh, basis="whitened"), num_chains=4
+    )
+    _assert_same_chains(sharded, reference, 4)
+
+
+@pytest.mark.slow
+def test_stock_mcmc_runs_chains_over_the_chain_axis(vectorized_reference, chain_mesh):
+    stock = StockMCMC(
+        _kernel("diag", chain_mesh), num_chains=2, chain_method="vectorized", **RUN
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", SlowDriverWarning)
+        stock.run(jax.random.PRNGKey(0))
+    np.testing.assert_allclose(
+        stock.get_samples(group_by_chain=True)["x"],
+        vectorized_reference.get_samples(group_by_chain=True)["x"],
+        rtol=0,
+        atol=TOL,
+    )
+
+
+def test_a_chain_axis_that_does_not_divide_num_chains_is_refused(chain_mesh):
+    mcmc = MCMC(
+        _kernel("diag", chain_mesh), num_chains=3, chain_method="vectorized", **RUN
+    )
+    with pytest.raises(
+        ValueError,
+        match=r"DEERMALA\(mesh=\.\.\.\) with MCMC\(num_chains=3, chain_method="
+        r"'vectorized'\): .* 2 devices of the mesh's chain axis 'chain', so "
+        r"num_chains must be a multiple of 2",
+    ):
+        mcmc.run(jax.random.PRNGKey(0))
+
+
+def test_chains_need_a_two_axis_mesh_and_no_pmap(chain_mesh):
+    mcmc = MCMC(
+        _kernel("diag", chain_mesh), num_chains=2, chain_method="parallel", **RUN
+    )
+    with pytest.raises(
+        ValueError,
+        match=r"mesh=.*'parallel'.*chain_method='vectorized'\) with a mesh of two",
+    ):
+        mcmc.run(jax.random.PRNGKey(0))
+    three = Mesh(np.array(jax.devices()[:8]).reshape(2, 2, 2), ("a", "b", "time"))
+    mcmc = MCMC(_kernel("diag", three), num_chains=2, chain_method="vectorized", **RUN)
+    with pytest.raises(ValueError, match=r"axes \('a', 'b', 'time'\).* two axes"):
         mcmc.run(jax.random.PRNGKey(0))
 
 

@@ -298,11 +298,17 @@ def _initial_carry(
     )
 
 
+def _keep(pred: Array, new: Any, old: Any) -> Any:
+    """``new`` where ``pred``, else ``old`` (leaf by leaf)."""
+    return jax.tree.map(lambda a, b: jnp.where(pred, a, b), new, old)
+
+
 def solve_loop(
     iteration: Callable[[Any], Any],
     carry: Any,
     num_steps: int,
     solver: DEERSolver,
+    sync: Callable[[Array], Array] | None = None,
 ) -> tuple[Any, NewtonInfo]:
     """Run ``iteration`` in solves of at most ``solver.max_iter`` iterations.
 
@@ -312,18 +318,13 @@ def solve_loop(
     Shared by every solver (unsharded and sharded); only the iteration
     differs. The carry needs ``front``, ``iteration``, ``residual`` and
     ``nonfinite``.
+
+    ``sync`` (inside ``shard_map``) turns a loop condition into one shared by
+    devices that solve other blocks, e.g. a ``pmax`` over a mesh axis of
+    chains: the loops then take the same number of trips on every device (so
+    their collectives meet), and a solve whose own condition is false keeps
+    its carry.
     """
-
-    def one_solve(outer):
-        carry, solves, _ = outer
-        start_front = carry.front
-        stop_at = carry.iteration + solver.max_iter
-
-        def go_on(c):
-            return (c.front < num_steps) & (c.iteration < stop_at) & ~c.nonfinite
-
-        carry = jax.lax.while_loop(go_on, iteration, carry)
-        return carry, solves + 1, carry.front > start_front
 
     def more_solves(outer):
         carry, solves, progressed = outer
@@ -334,9 +335,30 @@ def solve_loop(
             & ~carry.nonfinite
         )
 
+    def one_solve(outer):
+        carry, solves, _ = outer
+        start_front = carry.front
+        stop_at = carry.iteration + solver.max_iter
+        active = True if sync is None else more_solves(outer)
+
+        def go_on(c):
+            return (
+                active & (c.front < num_steps) & (c.iteration < stop_at) & ~c.nonfinite
+            )
+
+        if sync is None:
+            carry = jax.lax.while_loop(go_on, iteration, carry)
+            return carry, solves + 1, carry.front > start_front
+        carry = jax.lax.while_loop(
+            lambda c: sync(go_on(c)), lambda c: _keep(go_on(c), iteration(c), c), carry
+        )
+        new = (carry, solves + 1, carry.front > start_front)
+        return _keep(active, new, outer)
+
     zero = jnp.zeros((), jnp.int32)
+    more = more_solves if sync is None else lambda outer: sync(more_solves(outer))
     carry, solves, progressed = jax.lax.while_loop(
-        more_solves, one_solve, (carry, zero, jnp.ones((), bool))
+        more, one_solve, (carry, zero, jnp.ones((), bool))
     )
     result = jnp.where(
         carry.front >= num_steps,

@@ -67,11 +67,15 @@ from .transition import StepFn
 
 try:  # jax >= 0.6.1
     _shard_map_fn = jax.shard_map
-    _CHECK = {"check_vma": True}
+
+    def _check(check_vma: bool) -> dict:
+        return {"check_vma": check_vma}
+
 except AttributeError:  # pragma: no cover - older jax
     from jax.experimental.shard_map import shard_map as _shard_map_fn
 
-    _CHECK = {"check_rep": False}
+    def _check(check_vma: bool) -> dict:
+        return {"check_rep": False}
 
 
 def _to_varying(x: Array, axis_name: str) -> Array:
@@ -230,6 +234,8 @@ def sharded_deer_solve(
     axis_name: str = "time",
     *,
     init_states: Array | None = None,
+    step_params: Any = None,
+    check_vma: bool = True,
 ) -> tuple[Array, Any, NewtonInfo]:
     """Solve a block of ``T`` taped steps in parallel, its time axis over a mesh.
 
@@ -252,9 +258,23 @@ def sharded_deer_solve(
         key: key for stochastic Jacobian strategies (kept apart from the tape).
         solver: the solver settings.
         mesh: a mesh with an axis ``axis_name``; default :func:`time_mesh`
-            over all devices. Other mesh axes, if any, hold replicas.
+            over all devices. Other mesh axes, if any, hold replicas, or
+            other chains' solves under ``jax.vmap(..., spmd_axis_name=...)``;
+            the Newton loops then run in lockstep over them (the slowest
+            solve's iterations, the others keeping their iterate), since a
+            collective of the time axis is one operation of all devices.
         axis_name: the mesh axis the time axis is split over.
         init_states: initial guess ``(T, D)``; default ``x0`` repeated.
+        step_params: a pytree of arrays the step depends on (e.g. a chain's
+            mass matrix and step size); then ``step_fn(step_params)`` is the
+            taped step. They enter ``shard_map`` as replicated arguments, so
+            the solve can be mapped over chains with
+            ``jax.vmap(..., spmd_axis_name=...)``: per-chain values a plain
+            ``step_fn`` closes over would not be split with the chains.
+        check_vma: ``shard_map``'s check of the values' varying mesh axes.
+            Pass ``False`` under ``jax.vmap(..., spmd_axis_name=...)``, where
+            JAX 0.10's check refuses the solve (values created inside the
+            step vary over the time axis only).
 
     Returns:
         ``(states, aux, info)`` as for :func:`~numpyro_deer.core.deer_solve`. Only
@@ -269,9 +289,27 @@ def sharded_deer_solve(
     num_devices = _check_mesh(mesh, axis_name, num_steps)
     local_steps = num_steps // num_devices
     x0 = jnp.asarray(x0)
-    _, aux_shape = jax.eval_shape(step_fn, x0, jax.tree.map(lambda x: x[0], tape))
+    make_step = (lambda _: step_fn) if step_params is None else step_fn
+    _, aux_shape = jax.eval_shape(
+        lambda p, x, t: make_step(p)(x, t),
+        step_params,
+        x0,
+        jax.tree.map(lambda x: x[0], tape),
+    )
 
-    def solve(x0, tape, key, init_states):
+    # Other mesh axes hold replicas or other chains' solves (under
+    # jax.vmap(..., spmd_axis_name=...)). A collective of the time axis is
+    # one operation of all devices, so every loop takes the trips of the
+    # slowest solve (the others keep their carry).
+    others = tuple(name for name in mesh.axis_names if name != axis_name)
+    sync = None
+    if others:
+
+        def sync(flag):
+            return jax.lax.pmax(flag.astype(jnp.int32), others) > 0
+
+    def solve(x0, tape, key, init_states, step_params):
+        step_fn = make_step(step_params)
         if init_states is None:
             init_states = _to_varying(
                 jnp.broadcast_to(x0, (local_steps,) + x0.shape), axis_name
@@ -292,16 +330,22 @@ def sharded_deer_solve(
                 step_fn, solver, x0, tape, key, axis_name, num_devices, c
             )
 
-        carry, info = solve_loop(iteration, carry, num_steps, solver)
+        carry, info = solve_loop(iteration, carry, num_steps, solver, sync)
         return carry.states, carry.aux, info
 
     time, replicated = PartitionSpec(axis_name), PartitionSpec()
-    in_specs = (replicated, time, replicated, None if init_states is None else time)
+    in_specs = (
+        replicated,
+        time,
+        replicated,
+        None if init_states is None else time,
+        replicated,
+    )
     sharded = _shard_map_fn(
         solve,
         mesh=mesh,
         in_specs=in_specs,
         out_specs=(time, time, replicated),
-        **_CHECK,
+        **_check(check_vma),
     )
-    return sharded(x0, tape, key, init_states)
+    return sharded(x0, tape, key, init_states, step_params)

@@ -168,6 +168,19 @@ def needs_refill(state: DEERMALAState) -> Array:
     return exhausted | jnp.any(key_bits(state.rng_key) != block.key_bits)
 
 
+def solve_potential(
+    potential_flat: Callable[[Array], Array],
+    mass_sqrt: Array,
+    basis: Array | None,
+) -> Callable[[Array], Array]:
+    """The potential in the solve's coordinates ``u``: ``x = L w``, ``w = Q u``
+    (``Q`` the solve basis; ``None``: ``w = u``)."""
+    potential_w = whiten(potential_flat, mass_sqrt)
+    if basis is None:
+        return potential_w
+    return lambda u: potential_w(basis @ u)
+
+
 def refill_block(
     state: DEERMALAState,
     potential_flat: Callable[[Array], Array],
@@ -212,27 +225,37 @@ def refill_block(
     if solve_basis == "hessian":
         points = jax.vmap(lambda x: solve_sqrt(mass_sqrt, x))(state.curvature_points)
         basis = curvature_basis(potential_w, points)
-        potential_u = lambda u: potential_w(basis @ u)  # noqa: E731
         tape_u = transition.rotate_tape(tape, basis)
         u0 = basis.T @ w0
     else:
-        basis, potential_u, tape_u, u0 = None, potential_w, tape, w0
+        basis, tape_u, u0 = None, tape, w0
+    potential_u = solve_potential(potential_flat, mass_sqrt, basis)
 
     if method == "sequential":
         u, step_info = sequential_chain(transition, potential_u, u0, tape_u, step_size)
         info = no_solve_info(w0.dtype)
     else:
         gate = solver.gate
-        step_fn = make_step_fn(transition, potential_u, step_size, None, gate)
-        sequential = make_sequential_step(
-            transition, potential_u, step_size, None, gate
-        )
         if mesh is None:
+            step_fn = make_step_fn(transition, potential_u, step_size, None, gate)
+            sequential = make_sequential_step(
+                transition, potential_u, step_size, None, gate
+            )
             u, step_info, info = deer_solve(
                 step_fn, u0, tape_u, key_probe, solver, None, sequential
             )
         else:
-            u, step_info, info = mesh.solve(step_fn, u0, tape_u, key_probe, solver)
+            # the step is built from the chain's values inside the solve's
+            # shard_map (see sharded_deer_solve's step_params)
+            def make_step(params):
+                mass_sqrt, basis, step_size = params
+                potential = solve_potential(potential_flat, mass_sqrt, basis)
+                return make_step_fn(transition, potential, step_size, None, gate)
+
+            params = (mass_sqrt, basis, step_size)
+            u, step_info, info = mesh.solve(
+                make_step, u0, tape_u, key_probe, solver, params
+            )
         finish = ~info.converged
         if on_failure == "warn":
             finish = info.result == RESULTS.nonfinite

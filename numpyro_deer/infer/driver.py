@@ -31,6 +31,7 @@ import jax.numpy as jnp
 import numpy as np
 import numpyro.infer
 
+from ..core.newton import RESULTS
 from . import compile_cache, memory
 from . import numpyro_compat as compat
 from .block import needs_refill
@@ -227,10 +228,7 @@ class MCMC(numpyro.infer.MCMC):
                 stats[0] + (index == 0).astype(jnp.int32),
                 stats[1] + jnp.sum(failed, dtype=jnp.int32),
                 # bit c for every result code c of a failed block
-                stats[2]
-                | jnp.bitwise_or.reduce(
-                    jnp.where(failed, 1 << info.result, 0), axis=None
-                ),
+                stats[2] | _result_bits(failed, info.result),
             )
             return state, collection, done + consumed, stats
 
@@ -540,6 +538,19 @@ def _check_progress(done, total: int, state, batched: bool) -> None:
             f"{buffer_size(state, batched)}) and the loop disagree about the "
             "draws left. Please report this with the model and settings."
         )
+
+
+def _result_bits(failed, result) -> jax.Array:
+    """Bit ``c`` set for every result code ``c`` of a failed block (any chain).
+
+    With maxima over the chains, not a bitwise-or reduction: chains split over
+    a mesh reduce across devices, and the CPU's collectives have no
+    bitwise-or.
+    """
+    codes = jnp.arange(len(RESULTS._messages), dtype=jnp.int32)
+    hit = failed[..., None] & (result[..., None] == codes)
+    seen = jnp.max(hit.astype(jnp.int32).reshape(-1, codes.size), axis=0)
+    return jnp.sum(seen << codes, dtype=jnp.int32)
 
 
 def _i32(n) -> jax.Array:

@@ -340,7 +340,12 @@ class _DEERKernel(MCMCKernel):
             )
         )
         vectorized = not is_prng_key(rng_key)
-        check_chains(type(self).__name__, self._mesh, vectorized, rng_key)
+        check_chains(
+            type(self).__name__,
+            self._mesh,
+            rng_key.shape[0] if vectorized else None,
+            rng_key,
+        )
         if vectorized:
             # the chain axis comes from where the parameters came from: the
             # user's init_params carry one (as for NumPyro's kernels), the
@@ -395,7 +400,7 @@ class _DEERKernel(MCMCKernel):
         with self._precision():
             state = init_fn(init_params, rng_key, dynamic)
         if self._mesh is not None:
-            state = self._mesh.place(state)
+            state = self._mesh.place(state, chains=vectorized)
         self._sample_fn = partial(self._sample, batched=vectorized)
         check_initial_potential(state.potential_energy)
         return state
@@ -451,13 +456,21 @@ class _DEERKernel(MCMCKernel):
         with self._precision(), translate_tracer_errors():
             return self._block_warmup(state, model_args, model_kwargs, batched)
 
+    def _map_chains(self, fn, state):
+        """``fn`` over the chains: split over the mesh's chain axis with a
+        mesh (see :meth:`TimeMesh.map_chains`), else :func:`map_chains`."""
+        if self._mesh is not None:
+            return self._mesh.map_chains(fn, state)
+        return map_chains(fn, state)
+
     def _block_warmup(self, state, model_args, model_kwargs, batched):
         potential_flat = self._potential_flat(model_args, model_kwargs)
         # vectorized chains take the Hessian metric once for all (see
-        # batched_hessian_window_end), not inside vmap; on the CPU the chains
-        # are mapped one after the other (see map_chains), so each chain's
-        # window end is a plain cond
-        shared_end = batched and self._mass_adaptation == "hessian" and not on_cpu()
+        # batched_hessian_window_end), not inside vmap; on the CPU without a
+        # mesh the chains are mapped one after the other (see map_chains), so
+        # each chain's window end is a plain cond
+        vmapped = self._mesh is not None or not on_cpu()
+        shared_end = batched and self._mass_adaptation == "hessian" and vmapped
         _, wa_update = self._adapter(potential_flat, window_end=not shared_end)
         step = partial(
             warmup_step,
@@ -469,7 +482,7 @@ class _DEERKernel(MCMCKernel):
         )
         if not batched:
             return step(state)
-        new = map_chains(step, state)
+        new = self._map_chains(step, state)
         if not shared_end:
             return new
         find_step_size = None
@@ -489,7 +502,8 @@ class _DEERKernel(MCMCKernel):
             self._num_warmup,
             find_step_size,
         )
-        return new._replace(adapt_state=adapt)
+        new = new._replace(adapt_state=adapt)
+        return new if self._mesh is None else self._mesh.split_chains(new)
 
     def block_refill(self, state, model_args, model_kwargs, batched=False):
         """Solve a new block where the buffer is used up or the key was replaced."""
@@ -517,7 +531,7 @@ class _DEERKernel(MCMCKernel):
         if batched:
             fresh = jax.vmap(needs_refill)(state)
             new = jax.lax.cond(
-                jnp.any(fresh), lambda s: map_chains(refill, s), identity, state
+                jnp.any(fresh), lambda s: self._map_chains(refill, s), identity, state
             )
         else:
             fresh = needs_refill(state)

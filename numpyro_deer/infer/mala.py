@@ -109,9 +109,13 @@ class DEERMALA(_DEERKernel):
             with :func:`~numpyro_deer.core.sharded_deer_solve`, the same chain
             as on one device. Warmup runs replicated on every device and the
             solved block is gathered to all of them. ``block_size`` must be a
-            multiple of the device count, ``method`` is ``"deer"`` (``"auto"``
-            means it), and one chain runs at a time: several chains need
-            ``chain_method="sequential"``. See the scaling page of the docs.
+            multiple of the device count and ``method`` is ``"deer"``
+            (``"auto"`` means it). A mesh of two axes, ``"time"`` and a chain
+            axis, runs ``chain_method="vectorized"`` chains split over the
+            chain axis (``num_chains`` a multiple of its device count), each
+            chain's blocks over the time axis; otherwise one chain runs at a
+            time (``chain_method="sequential"`` for several). See the scaling
+            page of the docs.
     """
 
     def __init__(
