@@ -19,7 +19,7 @@ from jax.sharding import Mesh
 from numpyro.infer.initialization import init_to_uniform
 from numpyro.infer.mcmc import MCMCKernel
 from numpyro.infer.util import initialize_model
-from numpyro.util import identity, is_prng_key
+from numpyro.util import identity, is_prng_key, not_jax_tracer
 
 from ..core.newton import DEERSolver
 from ..core.transition import Transition
@@ -304,11 +304,16 @@ class _DEERKernel(MCMCKernel):
             return init_params
         if self._validate_model:
             check_model(self._model, model_args, model_kwargs, rng_key)
+        # One key as a batch of one: NumPyro then searches the initial point
+        # in one compiled loop (the same first draw) instead of running the
+        # model and its gradient operation by operation, which compiled each
+        # operation alone: about 2.5 s less on the CPU (eight schools).
+        single = is_prng_key(rng_key) and not_jax_tracer(rng_key)
         try:
             with translate_tracer_errors():
                 params_info, self._potential_fn_gen, self._postprocess_fn, _ = (
                     initialize_model(
-                        rng_key,
+                        rng_key[None] if single else rng_key,
                         self._model,
                         dynamic_args=True,
                         init_strategy=self._init_strategy,
@@ -326,7 +331,10 @@ class _DEERKernel(MCMCKernel):
                     self._model, model_args, model_kwargs, rng_key
                 )
             ) from err
-        return params_info[0] if init_params is None else init_params
+        if init_params is not None:
+            return init_params
+        params = params_info[0]
+        return jax.tree.map(lambda x: x[0], params) if single else params
 
     def init(self, rng_key, num_warmup, init_params, model_args, model_kwargs):
         self._num_warmup = num_warmup
