@@ -1,7 +1,9 @@
 """Compiled functions shared across kernels and ``MCMC`` objects.
 
 A second ``MCMC`` object for the same model and shapes (a notebook cell run
-again), or a run on new data of the same shapes, should compile nothing. JAX
+again), or a run on new data of the same shapes, should compile none of the
+kernel's programs again (NumPyro's initial-point search, a small loop the
+kernel does not own, is compiled for each ``run``). JAX
 caches a jitted function's compilations on the function object, so the
 functions the kernel and the driver jit are kept here, in a small process-wide
 cache, under a key of everything their trace depends on apart from their

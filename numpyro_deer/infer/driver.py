@@ -138,8 +138,8 @@ class MCMC(numpyro.infer.MCMC):
         ``None``: the ones shapes depend on), compared by value. The loops are
         kept in :mod:`~numpyro_deer.infer.compile_cache` under the kernel's
         :meth:`compile_key` and these settings, so a second ``MCMC`` object for
-        the same model, settings and shapes compiles nothing new; they are
-        also listed on the object (``_block_fns``).
+        the same model, settings and shapes compiles none of them again; they
+        are also listed on the object (``_block_fns``).
         """
         settings = (
             collect_fields,
