@@ -18,21 +18,13 @@ from jax.flatten_util import ravel_pytree
 from jax.sharding import Mesh
 from numpyro.infer.initialization import init_to_uniform
 from numpyro.infer.mcmc import MCMCKernel
-from numpyro.infer.util import initialize_model
-from numpyro.util import identity, is_prng_key, not_jax_tracer
+from numpyro.util import identity, is_prng_key
 
 from ..core.newton import DEERSolver
 from ..core.transition import Transition
 from . import compile_cache
 from .arguments import check_kernel_arguments
-from .block import (
-    NUM_CURVATURE_POINTS,
-    DEERMALAState,
-    emit_draw,
-    empty_block,
-    needs_refill,
-    refill_block,
-)
+from .block import emit_draw, needs_refill, refill_block
 from .chains import (
     check_initial_potential,
     float_params,
@@ -40,14 +32,10 @@ from .chains import (
     map_chains,
     on_cpu,
 )
-from .checks import (
-    UnsupportedModelError,
-    check_model,
-    non_finite_sites_message,
-    translate_tracer_errors,
-)
+from .checks import UnsupportedModelError, translate_tracer_errors
 from .convergence import raise_unconverged, warn_unconverged
 from .hessian_mass import resolve_mass_adaptation
+from .initial import initial_state, initialize
 from .memory import check_buffer_memory
 from .mesh import MESH_CHOICE, check_chains, check_mesh, fit_to_mesh
 from .method import (
@@ -302,39 +290,15 @@ class _DEERKernel(MCMCKernel):
                     "MCMC.run(rng_key, init_params=...)."
                 )
             return init_params
-        if self._validate_model:
-            check_model(self._model, model_args, model_kwargs, rng_key)
-        # One key as a batch of one: NumPyro then searches the initial point
-        # in one compiled loop (the same first draw) instead of running the
-        # model and its gradient operation by operation, which compiled each
-        # operation alone: about 2.5 s less on the CPU (eight schools).
-        single = is_prng_key(rng_key) and not_jax_tracer(rng_key)
-        try:
-            with translate_tracer_errors():
-                params_info, self._potential_fn_gen, self._postprocess_fn, _ = (
-                    initialize_model(
-                        rng_key[None] if single else rng_key,
-                        self._model,
-                        dynamic_args=True,
-                        init_strategy=self._init_strategy,
-                        model_args=model_args,
-                        model_kwargs=model_kwargs,
-                    )
-                )
-        except RuntimeError as err:
-            if "Cannot find valid initial parameters" not in str(err):
-                raise
-            raise RuntimeError(
-                str(err)
-                + " "
-                + non_finite_sites_message(
-                    self._model, model_args, model_kwargs, rng_key
-                )
-            ) from err
-        if init_params is not None:
-            return init_params
-        params = params_info[0]
-        return jax.tree.map(lambda x: x[0], params) if single else params
+        params, self._potential_fn_gen, self._postprocess_fn = initialize(
+            self._model,
+            rng_key,
+            model_args,
+            model_kwargs,
+            self._init_strategy,
+            self._validate_model,
+        )
+        return params if init_params is None else init_params
 
     def init(self, rng_key, num_warmup, init_params, model_args, model_kwargs):
         self._num_warmup = num_warmup
@@ -424,30 +388,14 @@ class _DEERKernel(MCMCKernel):
         def init_one(params, key, dynamic):
             args, kwargs = compile_cache.join_model_args(static, dynamic)
             potential_flat = kernel._potential_flat(args, kwargs)
-            wa_init, _ = kernel._adapter(potential_flat)
-            key, key_wa = jax.random.split(key)
-            z_flat = ravel_pytree(params)[0]
-            with translate_tracer_errors():
-                pe = potential_flat(z_flat)
-            adapt = wa_init(
-                (z_flat,), key_wa, kernel._step_size, mass_matrix_size=z_flat.size
-            )
-            zero = jnp.zeros((), z_flat.dtype)
-            return DEERMALAState(
-                i=jnp.zeros((), jnp.int32),
-                z=params,
-                potential_energy=pe,
-                accept_prob=zero,
-                mean_accept_prob=zero,
-                diverging=jnp.zeros((), bool),
-                newton_iterations=jnp.zeros((), jnp.int32),
-                deer_converged=jnp.ones((), bool),
-                adapt_state=adapt,
-                rng_key=key,
-                block=empty_block(kernel._run_block_size, z_flat, key),
-                curvature_points=jnp.broadcast_to(
-                    z_flat, (NUM_CURVATURE_POINTS,) + z_flat.shape
-                ),
+            adapter_init, _ = kernel._adapter(potential_flat)
+            return initial_state(
+                params,
+                key,
+                potential_flat,
+                adapter_init,
+                kernel._step_size,
+                kernel._run_block_size,
             )
 
         if vectorized:
