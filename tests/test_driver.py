@@ -416,7 +416,7 @@ def test_block_buffer_is_checked_before_init_allocates_it(monkeypatch, chain_met
         raise AssertionError("the buffer was allocated before the memory check")
 
     monkeypatch.setattr(_memory, "free_device_bytes", lambda device=None: 2048)
-    monkeypatch.setattr("numpyro_deer.infer.kernel.empty_block", no_buffer)
+    monkeypatch.setattr("numpyro_deer.infer.initial.empty_block", no_buffer)
     args, kwargs = gaussian_data(1.0)
     mcmc = _driver(
         num_warmup=10, num_samples=64, num_chains=2, chain_method=chain_method
