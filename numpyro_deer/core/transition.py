@@ -19,6 +19,7 @@ so the derivative of the accept decision is a strategy shared by all.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any, NamedTuple, Protocol
 
@@ -57,10 +58,7 @@ def flat_draw(sampler: Callable, key: Array, shape: tuple[int, ...], dtype) -> A
     faster on the CPU (measured: 0.24 s instead of 0.93 s for a ``(1024, 10)``
     normal draw; ``benchmarks/compile_profile.py``).
     """
-    size = 1
-    for n in shape:
-        size *= n
-    return sampler(key, (size,), dtype).reshape(shape)
+    return sampler(key, (math.prod(shape),), dtype).reshape(shape)
 
 
 StepFn = Callable[[Array, Any], tuple[Array, Any]]
