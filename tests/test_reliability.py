@@ -112,9 +112,9 @@ def test_post_warmup_state_from_another_block_size(sizes):
 
 # ------------------------------------------------- the loop's progress guard
 def test_block_loop_without_progress_raises(monkeypatch):
-    import numpyro_deer.infer.driver as driver
+    import numpyro_deer.infer.loops as loops
 
-    monkeypatch.setattr(driver, "max_block_steps", lambda total, size: 1)
+    monkeypatch.setattr(loops, "max_block_steps", lambda total, size: 1)
     args, kwargs = gaussian_data(2.0)
     mcmc = MCMC(
         DEERMALA(gaussian_mean_model, block_size=16, method="deer"),

@@ -31,8 +31,7 @@ import jax.numpy as jnp
 import numpy as np
 import numpyro.infer
 
-from ..core.newton import RESULTS
-from . import compile_cache, memory
+from . import compile_cache, loops, memory
 from . import numpyro_compat as compat
 from .block import needs_refill
 from .checks import translate_tracer_errors
@@ -55,24 +54,6 @@ def is_block_kernel(kernel) -> bool:
     """Whether ``kernel`` offers the block protocol the driver uses."""
     names = ("block_warmup", "block_refill", "block_emit", "block_size")
     return all(hasattr(kernel, name) for name in names)
-
-
-def _collection_slots(n, start_idx, thinning, valid, size):
-    """Slot of loop iteration ``n`` in the collection, as ``fori_collect`` places it.
-
-    ``fori_collect`` writes iteration ``n`` to slot ``(n - start_idx) // thinning``
-    and later iterations overwrite earlier ones, so a slot keeps the last
-    iteration of its thinning group. Anything else goes to ``size`` (dropped).
-    """
-    offset = n - start_idx
-    keep = valid & (offset >= 0) & (offset % thinning == thinning - 1)
-    return jnp.where(keep, offset // thinning, size)
-
-
-def _scatter(collection, slots, values):
-    return jax.tree.map(
-        lambda c, v: c.at[slots].set(v.astype(c.dtype), mode="drop"), collection, values
-    )
 
 
 class MCMC(numpyro.infer.MCMC):
@@ -155,114 +136,14 @@ class MCMC(numpyro.infer.MCMC):
         try:
             fns = self._block_fns.get((kernel_key, settings))
         except TypeError:  # unhashable non-array arguments: no caching
-            return self._build_loop_fns(*settings)
+            return self._build_loop_fns(settings)
         if fns is None:
-            fns = compile_cache.cached(shared, lambda: self._build_loop_fns(*settings))
+            fns = compile_cache.cached(shared, lambda: self._build_loop_fns(settings))
             self._block_fns[(kernel_key, settings)] = fns
         return fns
 
-    def _build_loop_fns(
-        self, collect_fields, remove_sites, batched, size, thinning, static, user_post
-    ):
-        # a snapshot: changing or re-initialising the kernel later cannot
-        # change what these functions compute
-        kernel = compile_cache.snapshot(self.sampler)
-
-        def postprocess(z, args, kwargs):
-            # NumPyro's postprocessing (MCMC._get_cached_fns), without the
-            # MCMC object: the functions may serve other MCMC objects
-            body = user_post
-            if body is None:
-                body = kernel.postprocess_fn(args, kwargs)
-            return jax.vmap(body)(z) if batched else body(z)
-
-        transform = compat.collect_transform(postprocess, collect_fields, remove_sites)
-
-        def unflatten(dynamic):
-            return compile_cache.join_model_args(static, dynamic)
-
-        def collected(state, args, kwargs):
-            return transform((state, args, kwargs))
-
-        def warmup_loop(state, collection, trace, n0, n1, start_idx, dynamic):
-            """Warmup steps ``n0`` to ``n1``; ``trace[n]`` is step ``n``'s
-            potential energy (for the warmup check)."""
-            args, kwargs = unflatten(dynamic)
-
-            def body(n, carry):
-                state, collection, trace = carry
-                state = kernel.block_warmup(state, args, kwargs, batched=batched)
-                slot = _collection_slots(n, start_idx, thinning, True, size)
-                value = jax.tree.map(lambda x: x[None], collected(state, args, kwargs))
-                trace = trace.at[n].set(state.potential_energy, mode="drop")
-                return state, _scatter(collection, slot[None], value), trace
-
-            return jax.lax.fori_loop(n0, n1, body, (state, collection, trace))
-
-        def block_step(
-            state, collection, done, stats, n_offset, total, start_idx, dynamic
-        ):
-            args, kwargs = unflatten(dynamic)
-            state = kernel.block_refill(state, args, kwargs, batched=batched)
-            # the buffer's own size: a post_warmup_state may come from a kernel
-            # with another block_size
-            block_size = buffer_size(state, batched)
-            index = state.block.index[0] if batched else state.block.index
-            k = jnp.arange(block_size)
-            draws = jax.vmap(
-                lambda k: collected(
-                    kernel.block_emit(state, k, batched=batched), args, kwargs
-                )
-            )(k)
-            sample_n = done + k - index
-            valid = (k >= index) & (sample_n < total)
-            slots = _collection_slots(
-                n_offset + sample_n, start_idx, thinning, valid, size
-            )
-            collection = _scatter(collection, slots, draws)
-            consumed = jnp.minimum(block_size - index, total - done)
-            state = kernel.block_emit(state, index + consumed - 1, batched=batched)
-            info = state.block.info
-            failed = (index == 0) & ~info.converged
-            stats = (
-                stats[0] + (index == 0).astype(jnp.int32),
-                stats[1] + jnp.sum(failed, dtype=jnp.int32),
-                # bit c for every result code c of a failed block
-                stats[2] | _result_bits(failed, info.result),
-            )
-            return state, collection, done + consumed, stats
-
-        def run_all(state, collection, trace, n_warmup, total, start_idx, dynamic):
-            state, collection, trace = warmup_loop(
-                state, collection, trace, 0, n_warmup, start_idx, dynamic
-            )
-            zero = jnp.zeros((), jnp.int32)
-            limit = max_block_steps(total, buffer_size(state, batched))
-
-            def body(carry):
-                *carry, steps = carry
-                carry = block_step(*carry, n_warmup, total, start_idx, dynamic)
-                return (*carry, steps + 1)
-
-            def cond(carry):
-                return (carry[2] < total) & (carry[4] < limit)
-
-            state, collection, done, stats, _ = jax.lax.while_loop(
-                cond, body, (state, collection, zero, (zero, zero, zero), zero)
-            )
-            return state, collection, stats, done, trace
-
-        # the collection is updated in place where the backend can donate
-        donate = () if jax.default_backend() == "cpu" else (1,)
-        fns = (
-            jax.jit(warmup_loop, donate_argnums=donate),
-            jax.jit(block_step, donate_argnums=donate),
-            run_all,
-            jax.jit(run_all, donate_argnums=donate),
-            lambda state, dynamic: collected(state, *unflatten(dynamic)),
-            set(),  # the memory check done for these loops (see below)
-        )
-        return fns
+    def _build_loop_fns(self, settings):
+        return loops.build_loop_fns(self.sampler, *settings)
 
     # ------------------------------------------------------------------ run
     def _single_chain_mcmc(self, init, args, kwargs, collect_fields, remove_sites):
@@ -401,7 +282,7 @@ class MCMC(numpyro.infer.MCMC):
         if getattr(kernel, "method", None) != "auto" or kernel.method_choice:
             return False
         choice = device_choice()
-        size = buffer_size(state, batched)
+        size = loops.buffer_size(state, batched)
         fresh = not traced and bool(
             np.all(np.asarray(jax.vmap(needs_refill)(state) if batched else
                               needs_refill(state)))
@@ -471,7 +352,7 @@ class MCMC(numpyro.infer.MCMC):
             done, stats = _i32(0), (_i32(0), _i32(0), _i32(0))
             trials = ["sequential", "deer"] if choose else []
             timings, compiled = {}, {}
-            limit = int(max_block_steps(total, buffer_size(state, batched)))
+            limit = int(loops.max_block_steps(total, loops.buffer_size(state, batched)))
             steps = 0
             while int(done) < total and steps < limit:
                 method = trials[len(timings)] if len(timings) < len(trials) else None
@@ -499,7 +380,8 @@ class MCMC(numpyro.infer.MCMC):
                 if method is not None:
                     timings[method] = seconds
                     if len(timings) == len(trials):
-                        choice = measured_choice(timings, buffer_size(state, batched))
+                        size = loops.buffer_size(state, batched)
+                        choice = measured_choice(timings, size)
                         kernel._set_method_choice(choice)
                         logger.info(
                             "method='auto': %s (%s)", choice.method, choice.reason
@@ -518,39 +400,16 @@ def kernel_method(kernel) -> str:
     return getattr(kernel, "method_chosen", None) or "deer"
 
 
-def buffer_size(state, batched: bool) -> int:
-    """Draws per block of the state's buffer (its own, not the kernel's)."""
-    return state.block.z.shape[1 if batched else 0]
-
-
-def max_block_steps(total, block_size: int):
-    """Most loop iterations ``total`` draws can take: each iteration after the
-    first (which may start in a partly used buffer) hands out a whole block."""
-    return total // block_size + 2
-
-
 def _check_progress(done, total: int, state, batched: bool) -> None:
     if int(done) < total:
+        size = loops.buffer_size(state, batched)
         raise RuntimeError(
             f"numpyro_deer.MCMC: the block loop stopped after "
-            f"{max_block_steps(total, buffer_size(state, batched))} iterations "
+            f"{loops.max_block_steps(total, size)} iterations "
             f"with {int(done)} of {total} draws: the state's block buffer (size "
-            f"{buffer_size(state, batched)}) and the loop disagree about the "
+            f"{size}) and the loop disagree about the "
             "draws left. Please report this with the model and settings."
         )
-
-
-def _result_bits(failed, result) -> jax.Array:
-    """Bit ``c`` set for every result code ``c`` of a failed block (any chain).
-
-    With maxima over the chains, not a bitwise-or reduction: chains split over
-    a mesh reduce across devices, and the CPU's collectives have no
-    bitwise-or.
-    """
-    codes = jnp.arange(len(RESULTS._messages), dtype=jnp.int32)
-    hit = failed[..., None] & (result[..., None] == codes)
-    seen = jnp.max(hit.astype(jnp.int32).reshape(-1, codes.size), axis=0)
-    return jnp.sum(seen << codes, dtype=jnp.int32)
 
 
 def _i32(n) -> jax.Array:
