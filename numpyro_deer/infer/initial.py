@@ -3,10 +3,11 @@
 :func:`initialize` runs NumPyro's ``initialize_model`` (``dynamic_args=True``,
 so the potential is built from whatever arguments a later call passes) after
 the kernel's model checks, and says which sites to look at when no valid
-initial point exists. :func:`initial_state` is the kernel state before the
-first warmup step: NumPyro's ``warmup_adapter`` initialised (its step size
-search included), an empty block buffer, and the curvature points all at the
-initial point.
+initial point exists. :func:`starting_params` gives each chain its initial
+values (the user's or the model's). :func:`initial_state` is the kernel state
+before the first warmup step: NumPyro's ``warmup_adapter`` initialised (its
+step size search included), an empty block buffer, and the curvature points
+all at the initial point.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from numpyro.infer.util import initialize_model
 from numpyro.util import is_prng_key, not_jax_tracer
 
 from .block import NUM_CURVATURE_POINTS, DEERMALAState, empty_block
+from .chains import float_params, has_chain_axis
 from .checks import check_model, non_finite_sites_message, translate_tracer_errors
 
 
@@ -72,6 +74,44 @@ def initialize(
     if single:
         params = jax.tree.map(lambda x: x[0], params)
     return params, potential_fn_gen, postprocess_fn
+
+
+def starting_params(
+    init_model: Callable,
+    rng_key: Array,
+    model_args: tuple,
+    model_kwargs: dict | None,
+    init_params: Any,
+) -> tuple[Array, Any]:
+    """``(rng_key, params)``: the key left for the chain(s), and float params.
+
+    ``init_model(key, args, kwargs, init_params)`` gives one chain's initial
+    values (the user's ``init_params`` when given). With a batch of keys
+    (vectorized chains) the chain axis comes from where the values come from:
+    the user's ``init_params`` must carry one (as for NumPyro's kernels), the
+    model's own initialization is vmapped over the chains' keys.
+
+    Raises:
+        ValueError: vectorized ``init_params`` without a leading chain axis.
+    """
+    if is_prng_key(rng_key):
+        rng_key, key_model = jax.random.split(rng_key)
+        params = init_model(key_model, model_args, model_kwargs, init_params)
+        return rng_key, float_params(params)
+    num_chains = rng_key.shape[0]
+    rng_key, key_model = jnp.swapaxes(jax.vmap(jax.random.split)(rng_key), 0, 1)
+    # sets up the potential (and checks the model) once, from the first key
+    params = init_model(key_model[0], model_args, model_kwargs, init_params)
+    if init_params is None:
+        params = jax.vmap(lambda k: init_model(k, model_args, model_kwargs, None))(
+            key_model
+        )
+    elif not has_chain_axis(params, num_chains):
+        raise ValueError(
+            "init_params for vectorized chains need a leading axis of "
+            f"length num_chains={num_chains} on every site."
+        )
+    return rng_key, float_params(params)
 
 
 def initial_state(

@@ -27,15 +27,13 @@ from .arguments import check_kernel_arguments
 from .block import emit_draw, needs_refill, refill_block
 from .chains import (
     check_initial_potential,
-    float_params,
-    has_chain_axis,
     map_chains,
     on_cpu,
 )
 from .checks import UnsupportedModelError, translate_tracer_errors
 from .convergence import raise_unconverged, warn_unconverged
 from .hessian_mass import resolve_mass_adaptation
-from .initial import initial_state, initialize
+from .initial import initial_state, initialize, starting_params
 from .memory import check_buffer_memory
 from .mesh import MESH_CHOICE, check_chains, check_mesh, fit_to_mesh
 from .method import (
@@ -318,32 +316,9 @@ class _DEERKernel(MCMCKernel):
             rng_key.shape[0] if vectorized else None,
             rng_key,
         )
-        if vectorized:
-            # the chain axis comes from where the parameters came from: the
-            # user's init_params carry one (as for NumPyro's kernels), the
-            # kernel's own initialization is vmapped over the chains' keys
-            num_chains = rng_key.shape[0]
-            rng_key, key_model = jnp.swapaxes(jax.vmap(jax.random.split)(rng_key), 0, 1)
-            user_params = init_params
-            init_params = self._init_model(
-                key_model[0], model_args, model_kwargs, init_params
-            )
-            if user_params is None:
-                params = self._init_model
-                init_params = jax.vmap(
-                    lambda k: params(k, model_args, model_kwargs, None)
-                )(key_model)
-            elif not has_chain_axis(init_params, num_chains):
-                raise ValueError(
-                    "init_params for vectorized chains need a leading axis of "
-                    f"length num_chains={num_chains} on every site."
-                )
-        else:
-            rng_key, key_model = jax.random.split(rng_key)
-            init_params = self._init_model(
-                key_model, model_args, model_kwargs, init_params
-            )
-        init_params = float_params(init_params)
+        rng_key, init_params = starting_params(
+            self._init_model, rng_key, model_args, model_kwargs, init_params
+        )
         one = jax.tree.map(lambda x: x[0], init_params) if vectorized else init_params
         flat, self._unravel = ravel_pytree(one)
         if flat.size == 0:
@@ -399,8 +374,8 @@ class _DEERKernel(MCMCKernel):
             )
 
         if vectorized:
-            return jax.jit(jax.vmap(init_one, in_axes=(0, 0, None)))
-        return jax.jit(init_one)
+            return compile_cache.jit(jax.vmap(init_one, in_axes=(0, 0, None)))
+        return compile_cache.jit(init_one)
 
     # ------------------------------------------------------------------ sample
     @staticmethod

@@ -1,0 +1,179 @@
+"""XLA compiler options against the GPU compile time of the kernel's programs.
+
+On a GPU the compile time of the DEER block grows with the dimension (the
+block is a few matrix products of ``D x D`` matrices per step, and XLA's GPU
+compiler tunes each matrix product for its shape by running candidate
+kernels). This script compiles, ahead of time, the two bodies of the driver's
+loops -- ``kernel.block_warmup`` (one warmup step) and ``kernel.block_refill``
+(one block) -- with each set of compiler options passed to
+``Lowered.compile(compiler_options=...)``, and then times the compiled block
+(median of three calls after one), so that a faster compile can be weighed
+against a slower program.
+
+Every (model, options) pair runs in a fresh process: XLA keeps what its tuner
+found for the life of a process, so a second compile in the same process would
+be faster for that reason alone.
+
+    PYTHONPATH=. python3 benchmarks/compile_options.py \\
+        --models eight_schools logistic_regression_large \\
+        --out benchmarks/results/h200/compile_options_h200.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks import common  # noqa: E402
+
+OPTION_SETS = {
+    "default": {},
+    "autotune=0": {"xla_gpu_autotune_level": 0},
+    "fusion_autotuner=off": {"xla_gpu_experimental_enable_fusion_autotuner": False},
+    "autotune=0,fusion_autotuner=off": {
+        "xla_gpu_autotune_level": 0,
+        "xla_gpu_experimental_enable_fusion_autotuner": False,
+    },
+    "triton_gemm=off": {"xla_gpu_enable_triton_gemm": False},
+    "autotune=0,triton_gemm=off": {
+        "xla_gpu_autotune_level": 0,
+        "xla_gpu_enable_triton_gemm": False,
+    },
+    "autotune=0,cheap_llvm": {
+        "xla_gpu_autotune_level": 0,
+        "xla_llvm_disable_expensive_passes": True,
+    },
+}
+
+
+def child(model: str, option_set: str, ns) -> dict:
+    import jax
+
+    import numpyro_deer
+    from benchmarks.models import BENCHMARK_MODELS
+
+    options = OPTION_SETS[option_set]
+    bench = BENCHMARK_MODELS[model]
+    args, kwargs = bench.make_data()
+    args = tuple(args)
+    kernel = numpyro_deer.DEERMALA(
+        bench.model, block_size=ns.block_size, method=ns.method
+    )
+    t0 = time.perf_counter()
+    state = kernel.init(jax.random.PRNGKey(0), ns.num_warmup, None, args, kwargs)
+    jax.block_until_ready(state)
+    row = {
+        "model": model,
+        "options": option_set,
+        "compiler_options": options,
+        "method": ns.method,
+        "block_size": ns.block_size,
+        "init_s": time.perf_counter() - t0,
+    }
+    for name, fn in (
+        ("warmup_step", kernel.block_warmup),
+        ("block_refill", kernel.block_refill),
+    ):
+        t0 = time.perf_counter()
+        lowered = jax.jit(fn).lower(state, args, kwargs)
+        t1 = time.perf_counter()
+        compiled = lowered.compile(compiler_options=options or None)
+        t2 = time.perf_counter()
+        row[f"{name}_lower_s"] = t1 - t0
+        row[f"{name}_compile_s"] = t2 - t1
+        if name == "block_refill":
+            times = []
+            for _ in range(4):
+                t0 = time.perf_counter()
+                jax.block_until_ready(compiled(state, args, kwargs))
+                times.append(time.perf_counter() - t0)
+            row["block_run_s"] = statistics.median(times[1:])
+    return row
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    parser.add_argument("--models", nargs="+", default=["eight_schools"])
+    parser.add_argument(
+        "--options", nargs="+", default=list(OPTION_SETS), choices=list(OPTION_SETS)
+    )
+    parser.add_argument("--method", default="deer")
+    parser.add_argument("--block-size", type=int, default=4096)
+    parser.add_argument("--num-warmup", type=int, default=500)
+    parser.add_argument("--deadline", type=float, default=1e9, help="whole run, s")
+    parser.add_argument("--timeout", type=float, default=300, help="per process, s")
+    parser.add_argument("--out", "--json", dest="out", default=None)
+    parser.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
+    return parser.parse_args(argv)
+
+
+def main(argv=None) -> list[dict]:
+    ns = parse_args(argv)
+    if ns.child:
+        print("ROW " + json.dumps(child(*ns.child, ns)), flush=True)
+        return []
+    out = ns.out or common.default_json_path("compile_options")
+    end = time.monotonic() + ns.deadline
+    rows = []
+    passthrough = [
+        f"--method={ns.method}",
+        f"--block-size={ns.block_size}",
+        f"--num-warmup={ns.num_warmup}",
+    ]
+    for model in ns.models:
+        for option_set in ns.options:
+            left = end - time.monotonic()
+            if left < 20:
+                print(f"deadline: {model} {option_set} not run", file=sys.stderr)
+                continue
+            cmd = [sys.executable, __file__, "--child", model, option_set]
+            try:
+                proc = subprocess.run(
+                    cmd + passthrough,
+                    capture_output=True,
+                    text=True,
+                    timeout=min(ns.timeout, left),
+                )
+                found = [
+                    json.loads(line[4:])
+                    for line in proc.stdout.splitlines()
+                    if line.startswith("ROW ")
+                ]
+                row = found[0] if found else {"error": proc.stderr[-2000:]}
+            except subprocess.TimeoutExpired:
+                row = {"error": "timeout"}
+            row.setdefault("model", model)
+            row.setdefault("options", option_set)
+            rows.append(row)
+            print(json.dumps(row)[:400], file=sys.stderr, flush=True)
+            common.write_json(
+                out, {"machine": common.machine_info(), "args": vars(ns), "rows": rows}
+            )
+    print(common.describe_machine(common.machine_info()))
+    print(
+        common.format_table(
+            rows,
+            [
+                ("model", "model"),
+                ("options", "options"),
+                ("warmup_step_compile_s", "warmup step compile s", ".3g"),
+                ("block_refill_compile_s", "block compile s", ".3g"),
+                ("block_run_s", "block run s", ".3g"),
+            ],
+        )
+    )
+    return rows
+
+
+if __name__ == "__main__":
+    main()
