@@ -98,6 +98,35 @@ def child(model: str, option_set: str, ns) -> dict:
     return row
 
 
+def pick(rows: list[dict], slowdown: float = 1.15) -> str:
+    """The option set with the least compile time summed over the models, among
+    those whose block runs at most ``slowdown`` times the default's on each."""
+    ok = [r for r in rows if "error" not in r]
+    models = {r["model"] for r in ok}
+    by_set = {
+        name: {r["model"]: r for r in ok if r["options"] == name}
+        for name in OPTION_SETS
+    }
+    default = by_set["default"]
+    best, best_s = "default", float("inf")
+    for name, mine in by_set.items():
+        if set(mine) != models or set(default) != models:
+            continue
+        slower = (
+            mine[m]["block_run_s"] > slowdown * default[m]["block_run_s"]
+            for m in models
+        )
+        if any(slower):
+            continue
+        total = sum(
+            mine[m]["warmup_step_compile_s"] + mine[m]["block_refill_compile_s"]
+            for m in models
+        )
+        if total < best_s:
+            best, best_s = name, total
+    return best
+
+
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0],
@@ -113,6 +142,12 @@ def parse_args(argv=None):
     parser.add_argument("--deadline", type=float, default=1e9, help="whole run, s")
     parser.add_argument("--timeout", type=float, default=300, help="per process, s")
     parser.add_argument("--out", "--json", dest="out", default=None)
+    parser.add_argument(
+        "--pick",
+        metavar="JSON",
+        help="print the fastest-compiling option set of a result file (as JSON "
+        "compiler options) and exit",
+    )
     parser.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
     return parser.parse_args(argv)
 
@@ -121,6 +156,11 @@ def main(argv=None) -> list[dict]:
     ns = parse_args(argv)
     if ns.child:
         print("ROW " + json.dumps(child(*ns.child, ns)), flush=True)
+        return []
+    if ns.pick:
+        name = pick(json.loads(Path(ns.pick).read_text())["rows"])
+        print(json.dumps(OPTION_SETS[name]))
+        print(f"picked: {name}", file=sys.stderr)
         return []
     out = ns.out or common.default_json_path("compile_options")
     end = time.monotonic() + ns.deadline
