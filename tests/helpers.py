@@ -1,5 +1,8 @@
 """Small shared helpers for the tests."""
 
+from collections import Counter
+
+import jax
 import jax.numpy as jnp
 
 STOCK_RUN_CONFIG = {
@@ -14,3 +17,36 @@ STOCK_RUN_CONFIG = {
 def gaussian_data(value: float, n: int = 20):
     """Data for ``gaussian_mean_model``: ``n`` copies of ``value``, noise scale 1."""
     return (jnp.full((n,), value), 1.0), {}
+
+
+class CompileLog:
+    """XLA compilations by function name, from ``jax.monitoring``'s
+    backend-compile events (the listener stays for the process)."""
+
+    EVENT = "/jax/core/compile/backend_compile_duration"
+    OURS = ("warmup_loop", "block_step", "init_one")
+
+    def __init__(self):
+        self.names = Counter()
+        jax.monitoring.register_event_duration_secs_listener(self._listen)
+
+    def _listen(self, event, duration, **kwargs):
+        if event == self.EVENT:
+            self.names[str(kwargs.get("fun_name"))] += 1
+
+    def ours(self) -> Counter:
+        """Compilations of the kernel's and the driver's own programs."""
+        return Counter(
+            {n: c for n, c in self.names.items() if any(f in n for f in self.OURS)}
+        )
+
+
+_LOG = None
+
+
+def compile_log() -> CompileLog:
+    """The process's one :class:`CompileLog` (made on first use)."""
+    global _LOG
+    if _LOG is None:
+        _LOG = CompileLog()
+    return _LOG

@@ -16,8 +16,11 @@ The states, the collection and ``last_state`` are those stock ``MCMC`` builds, s
 ``get_samples``, ``print_summary``, ``extra_fields``, ``warmup``/``run``,
 ``post_warmup_state`` and ``arviz.from_numpyro`` behave the same, and the draws
 are the same for the same key. Kernels that are not block kernels run through
-the stock loop. Compiled loop functions are cached on the object, so a second
-``run`` with the same shapes does not recompile.
+the stock loop. The warmup loop and the block step are compiled ahead of
+time, side by side, before either runs; they are shared by every ``MCMC``
+object with the same model, settings and shapes
+(:mod:`~numpyro_deer.infer.compile_cache`), so a second ``run`` does not
+compile them again.
 """
 
 from __future__ import annotations
@@ -180,7 +183,7 @@ class MCMC(numpyro.infer.MCMC):
         def loop_fns():
             return self._loop_fns(collect_fields, remove_sites, batched, size, static)
 
-        warmup_fn, block_fn, run_all, run_all_jit, collected, checked = loop_fns()
+        warmup_fn, _, run_all, collected, checked = loop_fns()
         with translate_tracer_errors():
             proto = jax.eval_shape(collected, init_state, dynamic)
         collection = jax.tree.map(
@@ -191,11 +194,6 @@ class MCMC(numpyro.infer.MCMC):
         trace_shape = (max(n_warmup, 1),) + jnp.shape(init_state.potential_energy)
         trace = jnp.zeros(trace_shape)
         trace = trace.astype(jnp.result_type(init_state.potential_energy))
-        if total > 0 and not traced:
-            self._check_block_memory(
-                block_fn, init_state, collection, n_warmup, total, start_idx,
-                dynamic, checked,
-            )  # fmt: skip
         if traced:
             # inside pmap or jit: one compiled loop, no progress bar; the
             # failed-block counts travel out with the state (see _run_parallel)
@@ -203,20 +201,6 @@ class MCMC(numpyro.infer.MCMC):
                 init_state, collection, trace, n_warmup, total, start_idx, dynamic
             )
             jax.debug.callback(self._record_chain_stats, *stats)
-        elif not (self.progress_bar or choose):
-            with translate_tracer_errors():
-                state, collection, stats, done, trace = run_all_jit(
-                    init_state,
-                    collection,
-                    trace,
-                    _i32(n_warmup),
-                    _i32(total),
-                    _i32(start_idx),
-                    dynamic,
-                )
-            self._check_warmup(trace, n_warmup)
-            _check_progress(done, total, state, batched)
-            self._warn_failed_blocks(stats)
         else:
             with translate_tracer_errors():
                 state, collection = self._run_on_host(
@@ -232,36 +216,72 @@ class MCMC(numpyro.infer.MCMC):
                     dynamic,
                     batched,
                     choose,
+                    checked,
                 )
         if len(collect_fields) == 1:
             collection = (collection,)
         return dict(zip(collect_fields, collection, strict=True)), state
 
-    def _check_block_memory(
-        self, block_fn, state, collection, n_warmup, total, start_idx, dynamic, checked
-    ):
-        """Compile one block step ahead of time; compare its memory with the device's.
+    def _check_block_memory(self, programs: dict, checked: set) -> None:
+        """Compare the compiled block programs' memory with the device's.
 
-        Raises ``ValueError`` with a ``block_size`` that fits. Devices without
-        memory statistics (the CPU) are not checked, and each compiled loop is
-        checked once.
+        Raises ``ValueError`` with a ``block_size`` that fits, before any
+        block runs. Devices without memory statistics (the CPU) are not
+        checked, and each compiled loop is checked once.
         """
+        blocks = [p for name, p in programs.items() if name != "warmup"]
         free = memory.free_device_bytes()
-        if free is None or "done" in checked:
+        if free is None or not blocks or "done" in checked:
             return
-        zero = _i32(0)
-        compiled = block_fn.lower(
-            state, collection, zero, (zero, zero, zero), _i32(n_warmup), _i32(total),
-            _i32(start_idx), dynamic,
-        ).compile()  # fmt: skip
-        memory.check_block_memory(
-            memory.compiled_bytes(compiled),
-            free,
-            self.sampler.block_size,
-            kernel=type(self.sampler).__name__,
-            multiple=getattr(self.sampler, "block_multiple", 1),
-        )
+        for compiled in blocks:
+            memory.check_block_memory(
+                memory.compiled_bytes(compiled),
+                free,
+                self.sampler.block_size,
+                kernel=type(self.sampler).__name__,
+                multiple=getattr(self.sampler, "block_multiple", 1),
+            )
         checked.add("done")
+
+    def _compile_programs(
+        self,
+        warmup_fn,
+        loop_fns,
+        methods,
+        trial,
+        state,
+        collection,
+        trace,
+        n_warmup,
+        total,
+        start,
+        dynamic,
+    ) -> dict:
+        """Programs of the run, compiled ahead of time and side by side.
+
+        ``"warmup"`` (the warmup loop, unless ``warmup_fn`` is ``None``) and a
+        block step per name in ``methods``, each traced with that method if
+        ``trial`` (``method="auto"`` measuring both). They are traced and
+        lowered one after the other, then compiled at once
+        (:func:`~numpyro_deer.infer.compile_cache.compile_side_by_side`).
+        """  # fmt: skip
+        kernel = self.sampler
+        zero = _i32(0)
+        lowered = {}
+        if warmup_fn is not None:
+            lowered["warmup"] = warmup_fn.lower(
+                state, collection, trace, zero, _i32(1), start, dynamic
+            )
+        for name in methods:
+            kernel._trial_method = name if trial else None
+            try:
+                lowered[name] = loop_fns()[1].lower(
+                    state, collection, zero, (zero, zero, zero), _i32(n_warmup),
+                    _i32(total), start, dynamic,
+                )  # fmt: skip
+            finally:
+                kernel._trial_method = None
+        return compile_cache.compile_side_by_side(lowered)
 
     def _num_warmup_iterations(self, state, upper: int) -> int:
         """Loop iterations that are warmup steps for this ``run``."""
@@ -317,29 +337,49 @@ class MCMC(numpyro.infer.MCMC):
         dynamic,
         batched,
         choose,
+        checked,
     ):
         """Warmup in chunks, then one block per call, from the host.
 
-        With a progress bar (see :mod:`~numpyro_deer.infer.progress`), and/or
-        to measure the methods of ``method="auto"``: the first block after
-        warmup is computed sequentially, the second with DEER, each by a
-        program compiled beforehand, and the faster computes the rest.
+        The warmup loop and the block step are compiled first, side by side
+        (:meth:`_compile_programs`), and their memory checked; the progress bar
+        (see :mod:`~numpyro_deer.infer.progress`) advances after each warmup
+        chunk and each block. To measure the methods of ``method="auto"``
+        (``choose``) both block programs are compiled: the first block after
+        warmup is computed sequentially, the second with DEER, and the faster
+        computes the rest.
         """
         kernel = self.sampler
         chains = int(np.size(state.i))
         start = _i32(start_idx)
+        trials = ["sequential", "deer"] if choose else []
+        methods = (trials or [kernel_method(kernel)]) if total > 0 else []
+        stages = (["warmup"] if n_warmup else []) + [f"{m} blocks" for m in methods]
+        placed = getattr(kernel, "mesh", None) is not None
+
+        def run(name, *args):
+            # over a mesh a program's outputs can come back with other
+            # shardings than it was compiled for: put them where it expects
+            if placed:
+                args = jax.device_put(args, programs[name].input_shardings[0])
+            return programs[name](*args)
+
         with Progress(n_warmup + total, self.progress_bar, phase) as progress:
+            if stages:
+                progress.compiling(" and ".join(stages))
+            programs = self._compile_programs(
+                warmup_fn if n_warmup else None, loop_fns, methods, bool(trials),
+                state, collection, trace, n_warmup, total, start, dynamic,
+            )  # fmt: skip
+            self._check_block_memory(programs, checked)
             if n_warmup:
-                progress.compiling("warmup")
-                run_warmup = warmup_fn.lower(
-                    state, collection, trace, _i32(0), _i32(1), start, dynamic
-                ).compile()
                 progress.running("warmup")
                 done, last, seconds = 0, 0, 0.0
                 while done < n_warmup:
                     chunk = next_chunk(done, n_warmup - done, seconds, last)
                     tic = time.perf_counter()
-                    state, collection, trace = run_warmup(
+                    state, collection, trace = run(
+                        "warmup",
                         state, collection, trace, _i32(done), _i32(done + chunk),
                         start, dynamic,
                     )  # fmt: skip
@@ -350,27 +390,17 @@ class MCMC(numpyro.infer.MCMC):
                 self._check_warmup(trace, n_warmup)
 
             done, stats = _i32(0), (_i32(0), _i32(0), _i32(0))
-            trials = ["sequential", "deer"] if choose else []
-            timings, compiled = {}, {}
+            timings = {}
             limit = int(loops.max_block_steps(total, loops.buffer_size(state, batched)))
             steps = 0
+            progress.running("sample")
             while int(done) < total and steps < limit:
                 method = trials[len(timings)] if len(timings) < len(trials) else None
                 name = method or kernel_method(kernel)
-                if name not in compiled:
-                    progress.compiling(f"{name} blocks")
-                    kernel._trial_method = method
-                    try:
-                        compiled[name] = loop_fns()[1].lower(
-                            state, collection, done, stats, _i32(n_warmup),
-                            _i32(total), start, dynamic,
-                        ).compile()  # fmt: skip
-                    finally:
-                        kernel._trial_method = None
-                    progress.running("sample")
                 before = int(done)
                 tic = time.perf_counter()
-                state, collection, done, stats = compiled[name](
+                state, collection, done, stats = run(
+                    name,
                     state, collection, done, stats, _i32(n_warmup), _i32(total),
                     start, dynamic,
                 )  # fmt: skip

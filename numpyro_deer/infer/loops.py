@@ -43,11 +43,12 @@ def build_loop_fns(
 ):
     """The driver's loops over ``sampler``'s block protocol, jitted.
 
-    Returns ``(warmup_loop, block_step, run_all, run_all_jitted, collected,
-    checked)``: warmup steps ``n0`` to ``n1`` as one ``fori_loop``; one block
-    refilled and scattered into the collection; warmup and every block in one
-    program; the postprocessed fields of a state; and the set the driver
-    records its memory checks in. The model's array arguments (``dynamic``) are
+    Returns ``(warmup_loop, block_step, run_all, collected, checked)``: warmup
+    steps ``n0`` to ``n1`` as one ``fori_loop`` and one block refilled and
+    scattered into the collection, both jitted; warmup and every block in one
+    function (not jitted: it runs inside the chains' ``pmap``); the
+    postprocessed fields of a state; and the set the driver records its
+    memory check in. The model's array arguments (``dynamic``) are
     arguments, its static ones (``static``) are closed over, so the loops
     serve every ``MCMC`` object with the same model, settings and shapes.
     """
@@ -141,7 +142,6 @@ def build_loop_fns(
         compile_cache.jit(warmup_loop, donate_argnums=donate),
         compile_cache.jit(block_step, donate_argnums=donate),
         run_all,
-        compile_cache.jit(run_all, donate_argnums=donate),
         lambda state, dynamic: collected(state, *unflatten(dynamic)),
         set(),  # the memory check done for these loops (see below)
     )
