@@ -152,6 +152,17 @@ CASES = {
         "--cap",
         "50",
     ],
+    "compile_options.py": [
+        "--models",
+        "eight_schools",
+        "--options",
+        "default",
+        "autotune=0",
+        "--block-size",
+        "16",
+        "--num-warmup",
+        "20",
+    ],
     "hmc_vs_mala.py": [
         "--models",
         "eight_schools",
@@ -188,6 +199,7 @@ TESTED_ELSEWHERE = {"race.py", "race_samplers.py", "gym_models.py", "end_to_end.
 # `-m bench`
 BENCH_ONLY = {
     "ablation.py",
+    "compile_options.py",
     "compile_profile.py",
     "driver_overhead.py",
     "hmc_formulations.py",
