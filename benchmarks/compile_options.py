@@ -98,6 +98,14 @@ def child(model: str, option_set: str, ns) -> dict:
     return row
 
 
+def xla_flags(options: dict) -> str:
+    """``options`` as the ``XLA_FLAGS`` environment variable writes them."""
+    return " ".join(
+        f"--{k}={str(v).lower() if isinstance(v, bool) else v}"
+        for k, v in options.items()
+    )
+
+
 def pick(rows: list[dict], slowdown: float = 1.15) -> str:
     """The option set with the least compile time summed over the models, among
     those whose block runs at most ``slowdown`` times the default's on each."""
@@ -145,8 +153,8 @@ def parse_args(argv=None):
     parser.add_argument(
         "--pick",
         metavar="JSON",
-        help="print the fastest-compiling option set of a result file (as JSON "
-        "compiler options) and exit",
+        help="print the fastest-compiling option set of a result file (as "
+        "XLA_FLAGS) and exit",
     )
     parser.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
     return parser.parse_args(argv)
@@ -159,7 +167,7 @@ def main(argv=None) -> list[dict]:
         return []
     if ns.pick:
         name = pick(json.loads(Path(ns.pick).read_text())["rows"])
-        print(json.dumps(OPTION_SETS[name]))
+        print(xla_flags(OPTION_SETS[name]))
         print(f"picked: {name}", file=sys.stderr)
         return []
     out = ns.out or common.default_json_path("compile_options")

@@ -31,7 +31,9 @@ second, compile and warmup included.
 
 Methods: ``deer`` and ``sequential`` (``DEERMALA`` through
 ``numpyro_deer.MCMC``) and ``nuts`` (NumPyro's NUTS through
-``numpyro.infer.MCMC``). Progress bars are off.
+``numpyro.infer.MCMC``). Progress bars are off. ``--xla-flags`` adds XLA
+options to every process (``XLA_FLAGS``), e.g. to compare GPU compiler
+settings for all methods alike (see ``benchmarks/compile_options.py``).
 
     PYTHONPATH=. python3 benchmarks/end_to_end.py \\
         --models eight_schools logistic_regression \\
@@ -146,11 +148,7 @@ def _child(spec: dict) -> dict:
     import numpyro_deer
     from benchmarks import common
     from benchmarks.models import BENCHMARK_MODELS
-    from numpyro_deer.infer import compile_cache
 
-    if spec.get("compiler_options") is not None:
-        # the kernel's own programs; NUTS gets them through XLA_FLAGS (_spawn)
-        compile_cache.GPU_COMPILER_OPTIONS = spec["compiler_options"]
     bench = BENCHMARK_MODELS[spec["model"]]
     method = spec["method"]
     args, kwargs = bench.make_data()
@@ -203,7 +201,6 @@ def _child(spec: dict) -> dict:
         "num_samples": num_samples,
         "num_chains": chains if is_nuts else 1,
         "platform": jax.default_backend(),
-        "compiler_options": compile_cache.compiler_options(),
         "xla_flags": os.environ.get("XLA_FLAGS", ""),
     }
     mcmc = new_mcmc()
@@ -262,17 +259,13 @@ def _spawn(spec: dict, timeout: float) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "result.json"
         env = dict(os.environ)
+        if spec.get("xla_flags"):
+            env["XLA_FLAGS"] = f"{env.get('XLA_FLAGS', '')} {spec['xla_flags']}".strip()
         if spec["method"] == "nuts_cpu":
             # NumPyro's NUTS on the host CPU, a chain per (host) device
             env["JAX_PLATFORMS"] = "cpu"
             count = f"--xla_force_host_platform_device_count={spec['nuts_chains']}"
             env["XLA_FLAGS"] = f"{env.get('XLA_FLAGS', '')} {count}".strip()
-        elif spec["method"] == "nuts" and spec.get("compiler_options"):
-            flags = " ".join(
-                f"--{k}={str(v).lower() if isinstance(v, bool) else v}"
-                for k, v in spec["compiler_options"].items()
-            )
-            env["XLA_FLAGS"] = f"{env.get('XLA_FLAGS', '')} {flags}".strip()
         env["PYTHONPATH"] = os.pathsep.join(
             [str(ROOT)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
         )
@@ -302,7 +295,7 @@ def measure(model: str, method: str, ns) -> dict:
         "first_only": ns.first_only,
         "nuts_chains": ns.nuts_chains,
         "nuts_dense": ns.nuts_dense,
-        "compiler_options": ns.compiler_options,
+        "xla_flags": ns.xla_flags,
     }
     print(f"{model} / {method} ...", file=sys.stderr, flush=True)
     row = {"model": model, "method": method, **_spawn(spec, ns.timeout)}
@@ -413,12 +406,9 @@ def parse_args(argv=None):
     )
     parser.add_argument("--block-size", type=int, default=1024)
     parser.add_argument(
-        "--compiler-options",
-        type=json.loads,
-        default=None,
-        help="XLA options as JSON, e.g. '{\"xla_gpu_autotune_level\": 0}': the "
-        "kernel's GPU compiler options (instead of the package's) and, for nuts, "
-        "XLA_FLAGS",
+        "--xla-flags",
+        default="",
+        help="added to XLA_FLAGS in every process, e.g. '--xla_gpu_autotune_level=0'",
     )
     parser.add_argument(
         "--no-cache", action="store_true", help="skip the persistent-cache processes"

@@ -24,7 +24,6 @@ one kernel's compiled function serve another's run.
 
 from __future__ import annotations
 
-import os
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
 from concurrent.futures import ThreadPoolExecutor
@@ -41,31 +40,6 @@ _DYNAMIC = object()
 """Marks a leaf of the model arguments that is passed to the compiled function."""
 
 _cache: OrderedDict = OrderedDict()
-
-GPU_COMPILER_OPTIONS: dict[str, Any] = {}
-"""XLA options the kernel's programs are compiled with on a GPU (see :func:`jit`)."""
-
-
-def compiler_options(backend: str | None = None) -> dict[str, Any]:
-    """:data:`GPU_COMPILER_OPTIONS` on a GPU backend, less those the user set.
-
-    An option named in the ``XLA_FLAGS`` environment variable is left to the
-    user's value. Other backends get none.
-    """
-    backend = jax.default_backend() if backend is None else backend
-    if backend not in ("gpu", "cuda", "rocm"):
-        return {}
-    user = os.environ.get("XLA_FLAGS", "")
-    return {k: v for k, v in GPU_COMPILER_OPTIONS.items() if f"--{k}" not in user}
-
-
-def jit(fn: Callable, **kwargs) -> Callable:
-    """:func:`jax.jit` with :func:`compiler_options` for this program only.
-
-    The options apply to the kernel's own programs, never to JAX's global
-    configuration or to the user's other programs.
-    """
-    return jax.jit(fn, compiler_options=compiler_options() or None, **kwargs)
 
 
 def cached(key: Hashable | None, build: Callable[[], Any]) -> Any:
