@@ -15,14 +15,16 @@ found for the life of a process, so a second compile in the same process would
 be faster for that reason alone.
 
     PYTHONPATH=. python3 benchmarks/compile_options.py \\
-        --models eight_schools logistic_regression_large \\
-        --out benchmarks/results/h200/compile_options_h200.json
+        --models logistic_regression_large eight_schools \\
+        --options autotune=0 autotune=0,fusion_autotuner=off default \\
+        --out benchmarks/results/h100/compile_options_h100.json
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -170,6 +172,9 @@ def main(argv=None) -> list[dict]:
         print(xla_flags(OPTION_SETS[name]))
         print(f"picked: {name}", file=sys.stderr)
         return []
+    # this process only reads the machine's description: leave the GPU's
+    # memory to the children (JAX takes most of it at its first use)
+    os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
     out = ns.out or common.default_json_path("compile_options")
     end = time.monotonic() + ns.deadline
     rows = []
