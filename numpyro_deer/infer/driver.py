@@ -139,14 +139,13 @@ class MCMC(numpyro.infer.MCMC):
         try:
             fns = self._block_fns.get((kernel_key, settings))
         except TypeError:  # unhashable non-array arguments: no caching
-            return self._build_loop_fns(settings)
+            return loops.build_loop_fns(self.sampler, *settings)
         if fns is None:
-            fns = compile_cache.cached(shared, lambda: self._build_loop_fns(settings))
+            fns = compile_cache.cached(
+                shared, lambda: loops.build_loop_fns(self.sampler, *settings)
+            )
             self._block_fns[(kernel_key, settings)] = fns
         return fns
-
-    def _build_loop_fns(self, settings):
-        return loops.build_loop_fns(self.sampler, *settings)
 
     # ------------------------------------------------------------------ run
     def _single_chain_mcmc(self, init, args, kwargs, collect_fields, remove_sites):
@@ -356,14 +355,6 @@ class MCMC(numpyro.infer.MCMC):
         methods = (trials or [kernel_method(kernel)]) if total > 0 else []
         stages = (["warmup"] if n_warmup else []) + [f"{m} blocks" for m in methods]
         placed = getattr(kernel, "mesh", None) is not None
-
-        def run(name, *args):
-            # over a mesh a program's outputs can come back with other
-            # shardings than it was compiled for: put them where it expects
-            if placed:
-                args = jax.device_put(args, programs[name].input_shardings[0])
-            return programs[name](*args)
-
         with Progress(n_warmup + total, self.progress_bar, phase) as progress:
             if stages:
                 progress.compiling(" and ".join(stages))
@@ -372,6 +363,14 @@ class MCMC(numpyro.infer.MCMC):
                 state, collection, trace, n_warmup, total, start, dynamic,
             )  # fmt: skip
             self._check_block_memory(programs, checked)
+
+            def run(name, *args):
+                # over a mesh a program's outputs can come back with other
+                # shardings than it was compiled for: put them where it expects
+                if placed:
+                    args = jax.device_put(args, programs[name].input_shardings[0])
+                return programs[name](*args)
+
             if n_warmup:
                 progress.running("warmup")
                 done, last, seconds = 0, 0, 0.0
