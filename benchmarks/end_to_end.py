@@ -29,11 +29,18 @@ The minimum effective sample size over the latent sites of the first run
 (``numpyro.diagnostics.effective_sample_size``) gives the end-to-end ESS per
 second, compile and warmup included.
 
-Methods: ``deer`` and ``sequential`` (``DEERMALA`` through
-``numpyro_deer.MCMC``) and ``nuts`` (NumPyro's NUTS through
-``numpyro.infer.MCMC``). Progress bars are off. ``--xla-flags`` adds XLA
-options to every process (``XLA_FLAGS``), e.g. to compare GPU compiler
-settings for all methods alike (see ``benchmarks/compile_options.py``).
+Methods: ``auto``, ``deer`` and ``sequential`` (``DEERMALA``'s ``method``,
+through ``numpyro_deer.MCMC``), ``nuts`` (NumPyro's NUTS through
+``numpyro.infer.MCMC``) and ``nuts_cpu`` (NUTS with a chain per host CPU core,
+``chain_method="parallel"``). With ``auto`` on a GPU, DEER's program compiles
+in the background while the run samples, so ``compile_s`` (a union of time
+spans) overlaps execution there; ``process_s`` includes the wait at exit for
+a compile still under way. Each DEER row records ``method_chosen`` and
+``choice_reason``, and ``package`` (the ``numpyro_deer`` that ran: the
+caller's ``PYTHONPATH`` comes first, so an older copy can be timed).
+Progress bars are off. ``--xla-flags`` adds XLA options to every process
+(``XLA_FLAGS``), e.g. to compare GPU compiler settings for all methods
+alike (see ``benchmarks/compile_options.py``).
 
     PYTHONPATH=. python3 benchmarks/end_to_end.py \\
         --models eight_schools logistic_regression \\
@@ -54,7 +61,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-METHODS = ("deer", "sequential", "nuts", "nuts_cpu")
+METHODS = ("auto", "deer", "sequential", "nuts", "nuts_cpu")
 PHASE_EVENTS = {
     "/jax/core/compile/jaxpr_trace_duration": "trace",
     "/jax/core/compile/jaxpr_to_mlir_module_duration": "lower",
@@ -202,6 +209,7 @@ def _child(spec: dict) -> dict:
         "num_chains": chains if is_nuts else 1,
         "platform": jax.default_backend(),
         "xla_flags": os.environ.get("XLA_FLAGS", ""),
+        "package": str(Path(numpyro_deer.__file__).parent),
     }
     mcmc = new_mcmc()
     result["first"] = timed(lambda: run(mcmc, 0))
@@ -213,6 +221,9 @@ def _child(spec: dict) -> dict:
     if not is_nuts:
         info = mcmc.last_state.block.info
         result["newton_iterations"] = int(np.max(np.asarray(info.iterations)))
+        choice = mcmc.sampler.method_choice
+        result["method_chosen"] = mcmc.sampler.method_chosen
+        result["choice_reason"] = choice.reason if choice is not None else None
     if spec.get("first_only"):
         return result
 
@@ -266,8 +277,10 @@ def _spawn(spec: dict, timeout: float) -> dict:
             env["JAX_PLATFORMS"] = "cpu"
             count = f"--xla_force_host_platform_device_count={spec['nuts_chains']}"
             env["XLA_FLAGS"] = f"{env.get('XLA_FLAGS', '')} {count}".strip()
+        # the caller's PYTHONPATH first (it may hold another numpyro_deer to
+        # time), then this checkout for the benchmarks
         env["PYTHONPATH"] = os.pathsep.join(
-            [str(ROOT)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+            [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p] + [str(ROOT)]
         )
         cmd = [sys.executable, str(Path(__file__).resolve())]
         cmd += ["--child", json.dumps(spec), "--child-out", str(out)]

@@ -5,8 +5,10 @@
 """
 
 import warnings
+from concurrent.futures import Future
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from numpyro.infer import MCMC as StockMCMC
@@ -19,7 +21,7 @@ from numpyro_deer import (
     SlowDriverWarning,
     WarmupTransitWarning,
 )
-from numpyro_deer.infer import driver
+from numpyro_deer.infer import compile_cache, driver
 from numpyro_deer.infer.method import MethodChoice, fitted_block_size
 from numpyro_deer.infer.progress import UPDATE_SECONDS, next_chunk
 from numpyro_deer.infer.transit import warmup_transit
@@ -64,13 +66,38 @@ def test_auto_is_sequential_on_a_cpu():
     assert kernel.method_choice.seconds == {}
 
 
-@pytest.mark.parametrize("progress_bar", [False, True])
-def test_auto_measures_both_methods_on_an_accelerator(monkeypatch, progress_bar):
-    """With the accelerator's rule, the first two blocks are timed, one each
-    way, and the faster is kept; the chain is the sequential method's."""
+def compiled_now(lowered):
+    """``compile_in_background`` that returns when every program is compiled."""
+    futures = {}
+    for name, low in lowered.items():
+        futures[name] = Future()
+        futures[name].set_result(low.compile())
+    return futures
+
+
+def auto_run(seed=1, method="auto", num_samples=128):
+    args, kwargs = gaussian_data(1.0)
+    kernel = DEERMALA(gaussian_mean_model, block_size=32, method=method)
+    mcmc = MCMC(kernel, num_warmup=50, num_samples=num_samples, progress_bar=False)
+    mcmc.run(jax.random.PRNGKey(seed), *args, **kwargs)
+    return kernel, mcmc
+
+
+@pytest.fixture
+def accelerator(monkeypatch):
+    """The accelerator's rule for ``method="auto"`` on this machine."""
     monkeypatch.setattr(
         driver, "device_choice", lambda: MethodChoice("deer", "test", {})
     )
+    return monkeypatch
+
+
+@pytest.mark.parametrize("progress_bar", [False, True])
+def test_auto_measures_both_methods_on_an_accelerator(accelerator, progress_bar):
+    """With the accelerator's rule and both programs compiled, the first two
+    blocks are timed, one each way, and the faster is kept; the chain is the
+    sequential method's."""
+    accelerator.setattr(compile_cache, "compile_in_background", compiled_now)
     args, kwargs = gaussian_data(1.0)
     runs = {}
     for method in ("auto", "sequential"):
@@ -81,10 +108,56 @@ def test_auto_measures_both_methods_on_an_accelerator(monkeypatch, progress_bar)
         runs[method] = (kernel, mcmc.get_samples()["mu"])
     kernel = runs["auto"][0]
     seconds = kernel.method_choice.seconds
-    assert set(seconds) == {"deer", "sequential"}
+    assert set(seconds) == {"deer", "sequential"} and kernel.method_choice.final
     assert kernel.method_chosen == min(seconds, key=seconds.get)
     assert "measured per block of 32" in kernel.method_choice.reason
     np.testing.assert_allclose(runs["auto"][1], runs["sequential"][1], rtol=1e-8)
+
+
+def test_auto_does_not_wait_for_deer_to_compile(accelerator):
+    """While DEER's program compiles, ``method="auto"`` samples sequentially;
+    a run that ends first keeps a provisional choice, and the next run, with
+    the program compiled, measures both. The draws are the chain either way."""
+    held = {}
+
+    def deer_held_back(lowered):
+        futures = compiled_now({k: v for k, v in lowered.items() if k != "deer"})
+        if "deer" in lowered:
+            held["deer"] = lowered["deer"]
+            futures["deer"] = Future()  # never done in this run
+        return futures
+
+    accelerator.setattr(compile_cache, "compile_in_background", deer_held_back)
+    kernel, mcmc = auto_run()
+    choice = kernel.method_choice
+    assert "deer" in held and not choice.final
+    assert kernel.method_chosen == "sequential" and set(choice.seconds) == {
+        "sequential"
+    }
+    assert "the run ended before deer was compiled" in choice.reason
+    assert int(mcmc.last_state.newton_iterations) == 0  # no DEER solve
+    _, reference = auto_run(method="sequential")
+    np.testing.assert_allclose(
+        mcmc.get_samples()["mu"], reference.get_samples()["mu"], rtol=1e-8
+    )
+
+    accelerator.setattr(compile_cache, "compile_in_background", compiled_now)
+    mcmc = MCMC(kernel, num_warmup=50, num_samples=128, progress_bar=False)
+    args, kwargs = gaussian_data(1.0)
+    mcmc.run(jax.random.PRNGKey(2), *args, **kwargs)
+    assert kernel.method_choice.final
+    assert set(kernel.method_choice.seconds) == {"deer", "sequential"}
+
+
+def test_compiles_under_way_are_shared():
+    """A program still compiling is not compiled again for a second call."""
+    lowered = jax.jit(lambda x: jnp.sin(x) * 2).lower(jnp.ones(3))
+    first = compile_cache.compile_in_background({"f": lowered})["f"]
+    again = jax.jit(lambda x: x + 1).lower(jnp.ones(3))
+    both = compile_cache.compile_in_background({"f": lowered, "g": again})
+    assert both["f"] is first or first.done()
+    np.testing.assert_allclose(both["g"].result()(jnp.ones(3)), 2.0)
+    np.testing.assert_allclose(first.result()(jnp.zeros(3)), 0.0)
 
 
 def test_stock_mcmc_warns_once_per_run():

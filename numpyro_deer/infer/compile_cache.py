@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import jax
@@ -111,15 +111,37 @@ def snapshot(obj):
     return new
 
 
-def compile_side_by_side(lowered: dict[str, Any]) -> dict[str, Any]:
-    """Each lowered program compiled, in threads of their own.
+# compiles under way, by the lowered computation they compile (see below)
+_UNDER_WAY: dict[int, tuple[Any, Future]] = {}
 
-    XLA's compilation runs outside Python's global lock, so two programs (the
-    warmup loop and the block) compile at once on a machine with the cores
-    for it, and the wait is about that of the larger alone.
+
+def compile_in_background(lowered: dict[str, Any]) -> dict[str, Future]:
+    """Each lowered program's compilation, started in a thread of its own.
+
+    Returns a future per name; ``future.result()`` is the compiled program.
+    XLA compiles outside Python's global lock, so the programs compile at
+    once and the caller runs each as soon as its own compile is done (warmup
+    runs while the blocks still compile). A program still compiling for an
+    earlier call (the same lowered computation: JAX caches the lowering of a
+    jitted function) is not compiled twice: its future is returned. The
+    threads are not daemons: a process that ends while a compile is under way
+    waits for it.
     """
-    if len(lowered) <= 1:
-        return {name: low.compile() for name, low in lowered.items()}
-    with ThreadPoolExecutor(max_workers=len(lowered)) as pool:
-        futures = {name: pool.submit(low.compile) for name, low in lowered.items()}
-        return {name: future.result() for name, future in futures.items()}
+    pool = None
+    futures = {}
+    for name, low in lowered.items():
+        computation = getattr(low, "_lowering", None)
+        under_way = _UNDER_WAY.get(id(computation))
+        if under_way is not None and under_way[0] is computation:
+            futures[name] = under_way[1]
+            continue
+        pool = pool or ThreadPoolExecutor(max_workers=len(lowered))
+        future = pool.submit(low.compile)
+        if computation is not None:
+            key = id(computation)
+            _UNDER_WAY[key] = (computation, future)
+            future.add_done_callback(lambda _, key=key: _UNDER_WAY.pop(key, None))
+        futures[name] = future
+    if pool is not None:
+        pool.shutdown(wait=False)
+    return futures

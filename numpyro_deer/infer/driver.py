@@ -44,7 +44,7 @@ from .convergence import (
     reraise_convergence_error,
     warn_unconverged,
 )
-from .method import device_choice, measured_choice
+from .method import device_choice, measured_choice, pending_choice
 from .progress import Progress, block_postfix, next_chunk, warmup_postfix
 from .transit import WarmupTransitWarning, warmup_transit
 
@@ -221,49 +221,35 @@ class MCMC(numpyro.infer.MCMC):
             collection = (collection,)
         return dict(zip(collect_fields, collection, strict=True)), state
 
-    def _check_block_memory(self, programs: dict, checked: set) -> None:
-        """Compare the compiled block programs' memory with the device's.
+    def _check_block_memory(self, name: str, compiled, checked: set) -> None:
+        """Compare a compiled block program's memory with the device's.
 
-        Raises ``ValueError`` with a ``block_size`` that fits, before any
+        Raises ``ValueError`` with a ``block_size`` that fits, before the
         block runs. Devices without memory statistics (the CPU) are not
-        checked, and each compiled loop is checked once.
+        checked, and each block program once.
         """
-        blocks = [p for name, p in programs.items() if name != "warmup"]
         free = memory.free_device_bytes()
-        if free is None or not blocks or "done" in checked:
+        if free is None or name in checked:
             return
-        for compiled in blocks:
-            memory.check_block_memory(
-                memory.compiled_bytes(compiled),
-                free,
-                self.sampler.block_size,
-                kernel=type(self.sampler).__name__,
-                multiple=getattr(self.sampler, "block_multiple", 1),
-            )
-        checked.add("done")
+        memory.check_block_memory(
+            memory.compiled_bytes(compiled),
+            free,
+            self.sampler.block_size,
+            kernel=type(self.sampler).__name__,
+            multiple=getattr(self.sampler, "block_multiple", 1),
+        )
+        checked.add(name)
 
-    def _compile_programs(
-        self,
-        warmup_fn,
-        loop_fns,
-        methods,
-        trial,
-        state,
-        collection,
-        trace,
-        n_warmup,
-        total,
-        start,
-        dynamic,
-    ) -> dict:
-        """Programs of the run, compiled ahead of time and side by side.
+    def _lower_programs(
+        self, warmup_fn, loop_fns, methods, trial, state, collection, trace,
+        n_warmup, total, start, dynamic,
+    ) -> dict:  # fmt: skip
+        """The programs of a run, lowered (traced to StableHLO), by name.
 
         ``"warmup"`` (the warmup loop, unless ``warmup_fn`` is ``None``) and a
         block step per name in ``methods``, each traced with that method if
-        ``trial`` (``method="auto"`` measuring both). They are traced and
-        lowered one after the other, then compiled at once
-        (:func:`~numpyro_deer.infer.compile_cache.compile_side_by_side`).
-        """  # fmt: skip
+        ``trial`` (``method="auto"`` measuring both).
+        """
         kernel = self.sampler
         zero = _i32(0)
         lowered = {}
@@ -280,7 +266,7 @@ class MCMC(numpyro.infer.MCMC):
                 )  # fmt: skip
             finally:
                 kernel._trial_method = None
-        return compile_cache.compile_side_by_side(lowered)
+        return lowered
 
     def _num_warmup_iterations(self, state, upper: int) -> int:
         """Loop iterations that are warmup steps for this ``run``."""
@@ -293,12 +279,16 @@ class MCMC(numpyro.infer.MCMC):
     def _method_to_choose(self, state, total: int, batched: bool, traced: bool):
         """Whether this run measures which method is faster (``method="auto"``).
 
-        Only on an accelerator, once per kernel, when the first block step
-        solves a block and the run has at least two blocks. Otherwise an
-        ``"auto"`` kernel not yet decided takes the device's rule.
+        Only on an accelerator, until a run has measured both methods, when
+        the first block step solves a block and the run has at least two
+        blocks. Otherwise an ``"auto"`` kernel without a choice takes the
+        device's rule (a provisional choice is kept).
         """
         kernel = self.sampler
-        if getattr(kernel, "method", None) != "auto" or kernel.method_choice:
+        if getattr(kernel, "method", None) != "auto":
+            return False
+        current = kernel.method_choice
+        if current is not None and current.final:
             return False
         choice = device_choice()
         size = loops.buffer_size(state, batched)
@@ -307,8 +297,8 @@ class MCMC(numpyro.infer.MCMC):
                               needs_refill(state)))
         )  # fmt: skip
         if choice.method == "sequential" or traced or total < 2 * size or not fresh:
-            kernel._set_method_choice(choice)
-            logger.info("method='auto': %s (%s)", choice.method, choice.reason)
+            if current is None:
+                self._choose(choice)
             return False
         return True
 
@@ -340,38 +330,55 @@ class MCMC(numpyro.infer.MCMC):
     ):
         """Warmup in chunks, then one block per call, from the host.
 
-        The warmup loop and the block step are compiled first, side by side
-        (:meth:`_compile_programs`), and their memory checked; the progress bar
-        (see :mod:`~numpyro_deer.infer.progress`) advances after each warmup
-        chunk and each block. To measure the methods of ``method="auto"``
-        (``choose``) both block programs are compiled: the first block after
-        warmup is computed sequentially, the second with DEER, and the faster
-        computes the rest.
+        The warmup loop and the block programs are lowered, then compiled in
+        the background, side by side
+        (:func:`~numpyro_deer.infer.compile_cache.compile_in_background`);
+        each runs as soon as its own compile is done, and a block program's
+        memory is checked before its first block. The progress bar (see
+        :mod:`~numpyro_deer.infer.progress`) advances after each warmup chunk
+        and each block. To measure the methods of ``method="auto"``
+        (``choose``) the first block after warmup is computed sequentially,
+        the first block after the DEER program is compiled with DEER, and the
+        faster computes the rest; blocks in between are sequential. A run that
+        ends before DEER is compiled keeps a provisional choice
+        (``MethodChoice.final`` false), measured again by the next run.
         """
         kernel = self.sampler
         chains = int(np.size(state.i))
         start = _i32(start_idx)
         trials = ["sequential", "deer"] if choose else []
         methods = (trials or [kernel_method(kernel)]) if total > 0 else []
-        stages = (["warmup"] if n_warmup else []) + [f"{m} blocks" for m in methods]
         placed = getattr(kernel, "mesh", None) is not None
         with Progress(n_warmup + total, self.progress_bar, phase) as progress:
-            if stages:
-                progress.compiling(" and ".join(stages))
-            programs = self._compile_programs(
-                warmup_fn if n_warmup else None, loop_fns, methods, bool(trials),
-                state, collection, trace, n_warmup, total, start, dynamic,
+            compiling = compile_cache.compile_in_background(
+                self._lower_programs(
+                    warmup_fn if n_warmup else None, loop_fns, methods,
+                    bool(trials), state, collection, trace, n_warmup, total,
+                    start, dynamic,
+                )
             )  # fmt: skip
-            self._check_block_memory(programs, checked)
+            programs = {}
+
+            def program(name):
+                if name not in programs:
+                    if not compiling[name].done():
+                        progress.compiling(
+                            name if name == "warmup" else f"{name} blocks"
+                        )
+                    programs[name] = compiling[name].result()
+                    if name != "warmup":
+                        self._check_block_memory(name, programs[name], checked)
+                return programs[name]
 
             def run(name, *args):
                 # over a mesh a program's outputs can come back with other
                 # shardings than it was compiled for: put them where it expects
                 if placed:
-                    args = jax.device_put(args, programs[name].input_shardings[0])
-                return programs[name](*args)
+                    args = jax.device_put(args, program(name).input_shardings[0])
+                return program(name)(*args)
 
             if n_warmup:
+                program("warmup")
                 progress.running("warmup")
                 done, last, seconds = 0, 0, 0.0
                 while done < n_warmup:
@@ -390,12 +397,14 @@ class MCMC(numpyro.infer.MCMC):
 
             done, stats = _i32(0), (_i32(0), _i32(0), _i32(0))
             timings = {}
-            limit = int(loops.max_block_steps(total, loops.buffer_size(state, batched)))
+            size = loops.buffer_size(state, batched)
+            limit = int(loops.max_block_steps(total, size))
             steps = 0
-            progress.running("sample")
             while int(done) < total and steps < limit:
-                method = trials[len(timings)] if len(timings) < len(trials) else None
-                name = method or kernel_method(kernel)
+                name = _next_method(trials, timings, compiling, kernel)
+                program(name)
+                if steps == 0:
+                    progress.running("sample")
                 before = int(done)
                 tic = time.perf_counter()
                 state, collection, done, stats = run(
@@ -406,21 +415,33 @@ class MCMC(numpyro.infer.MCMC):
                 consumed = int(done) - before  # waits for the block
                 seconds = time.perf_counter() - tic
                 steps += 1
-                if method is not None:
-                    timings[method] = seconds
+                if name in trials and name not in timings:
+                    timings[name] = seconds
                     if len(timings) == len(trials):
-                        size = loops.buffer_size(state, batched)
-                        choice = measured_choice(timings, size)
-                        kernel._set_method_choice(choice)
-                        logger.info(
-                            "method='auto': %s (%s)", choice.method, choice.reason
-                        )
+                        self._choose(measured_choice(timings, size))
                 progress.advance(
                     consumed, block_postfix(state, name, consumed * chains, seconds)
                 )
+            if trials and len(timings) < len(trials):
+                self._choose(pending_choice(timings, size))
         _check_progress(done, total, state, batched)
         self._warn_failed_blocks(stats)
         return state, collection
+
+    def _choose(self, choice) -> None:
+        self.sampler._set_method_choice(choice)
+        logger.info("method='auto': %s (%s)", choice.method, choice.reason)
+
+
+def _next_method(trials: list, timings: dict, compiling: dict, kernel) -> str:
+    """The method of the next block: a trial of ``method="auto"`` still to
+    measure (DEER only once its program is compiled, the sequential scan until
+    then), else the kernel's."""
+    if not trials or len(timings) == len(trials):
+        return kernel_method(kernel)
+    if "sequential" in timings and compiling["deer"].done():
+        return "deer"
+    return "sequential"
 
 
 def kernel_method(kernel) -> str:

@@ -6,12 +6,16 @@ once per kernel, by :class:`numpyro_deer.MCMC` at the end of warmup:
 * on a CPU, the sequential scan. A CPU has few cores to spread a block's
   ``B`` evaluations over, and DEER was slower than the sequential chain on
   every benchmark model measured on a CPU (``benchmarks/method_auto.py``);
-* on an accelerator, the faster of the two *measured*: the first block after
-  warmup is computed sequentially and the second with DEER, each by a program
-  compiled beforehand and timed on its own, and the rest of the run uses the
-  faster. Both blocks are blocks of the chain (the two methods compute the
-  same chain from the same tape), so the measurement costs only the compiling
-  of the method not chosen.
+* on an accelerator, the faster of the two *measured*: both programs compile
+  in the background while warmup runs; the first block after warmup is
+  computed sequentially, the first block after the DEER program is compiled
+  with DEER (blocks in between sequentially), each timed on its own, and the
+  rest of the run uses the faster. Every block is a block of the chain (the
+  two methods compute the same chain from the same tape), so the measurement
+  costs only the compiling of the method not chosen, and a run never waits
+  for DEER's compile, which is the longer: a run that ends first keeps the
+  sequential scan as a provisional choice (``MethodChoice.final`` false) and
+  the next run measures both.
 
 Where nothing can be measured (stock ``numpyro.infer.MCMC``, chains inside
 ``pmap``, a run of fewer than two blocks), ``"auto"`` is the device's rule:
@@ -49,11 +53,15 @@ class MethodChoice(NamedTuple):
         reason: one line, e.g. ``"measured: deer 0.012 s, sequential 0.210 s
             per block of 4096"`` or ``"CPU: the sequential scan"``.
         seconds: seconds per block of each method measured (empty if none).
+        final: false for a provisional choice: the run ended before the
+            DEER program was compiled, so only the sequential scan was
+            measured; the next run measures again.
     """
 
     method: str
     reason: str
     seconds: dict
+    final: bool = True
 
 
 def device_method() -> str:
@@ -77,6 +85,20 @@ def measured_choice(seconds: dict, block_size: int) -> MethodChoice:
     times = ", ".join(f"{m} {s:.3g} s" for m, s in sorted(seconds.items()))
     return MethodChoice(
         method, f"measured per block of {block_size}: {times}", dict(seconds)
+    )
+
+
+def pending_choice(seconds: dict, block_size: int) -> MethodChoice:
+    """The sequential scan, provisionally: the run ended before DEER's
+    program was compiled (``seconds`` holds the sequential scan's time at
+    most)."""
+    times = "".join(f", {m} {s:.3g} s" for m, s in sorted(seconds.items()))
+    return MethodChoice(
+        "sequential",
+        f"provisional, per block of {block_size}{times}: the run ended before "
+        "deer was compiled; the next run measures both",
+        dict(seconds),
+        final=False,
     )
 
 
