@@ -16,8 +16,9 @@ The states, the collection and ``last_state`` are those stock ``MCMC`` builds, s
 ``get_samples``, ``print_summary``, ``extra_fields``, ``warmup``/``run``,
 ``post_warmup_state`` and ``arviz.from_numpyro`` behave the same, and the draws
 are the same for the same key. Kernels that are not block kernels run through
-the stock loop. The warmup loop and the block step are compiled ahead of
-time, side by side, before either runs; they are shared by every ``MCMC``
+the stock loop. The warmup loop and the block step are compiled in the
+background, side by side, and each runs as soon as its own compile is done
+(:mod:`~numpyro_deer.infer.host_run`); they are shared by every ``MCMC``
 object with the same model, settings and shapes
 (:mod:`~numpyro_deer.infer.compile_cache`), so a second ``run`` does not
 compile them again.
@@ -26,8 +27,8 @@ compile them again.
 from __future__ import annotations
 
 import logging
-import time
 import warnings
+from functools import partial
 
 import jax
 import jax.numpy as jnp
@@ -44,8 +45,9 @@ from .convergence import (
     reraise_convergence_error,
     warn_unconverged,
 )
-from .method import device_choice, measured_choice, pending_choice
-from .progress import Progress, block_postfix, next_chunk, warmup_postfix
+from .host_run import Programs, i32, kernel_method, run_blocks, run_warmup
+from .method import device_choice
+from .progress import Progress
 from .transit import WarmupTransitWarning, warmup_transit
 
 logger = logging.getLogger("numpyro_deer")
@@ -251,18 +253,18 @@ class MCMC(numpyro.infer.MCMC):
         ``trial`` (``method="auto"`` measuring both).
         """
         kernel = self.sampler
-        zero = _i32(0)
+        zero = i32(0)
         lowered = {}
         if warmup_fn is not None:
             lowered["warmup"] = warmup_fn.lower(
-                state, collection, trace, zero, _i32(1), start, dynamic
+                state, collection, trace, zero, i32(1), start, dynamic
             )
         for name in methods:
             kernel._trial_method = name if trial else None
             try:
                 lowered[name] = loop_fns()[1].lower(
-                    state, collection, zero, (zero, zero, zero), _i32(n_warmup),
-                    _i32(total), start, dynamic,
+                    state, collection, zero, (zero, zero, zero), i32(n_warmup),
+                    i32(total), start, dynamic,
                 )  # fmt: skip
             finally:
                 kernel._trial_method = None
@@ -331,136 +333,45 @@ class MCMC(numpyro.infer.MCMC):
         """Warmup in chunks, then one block per call, from the host.
 
         The warmup loop and the block programs are lowered, then compiled in
-        the background, side by side
-        (:func:`~numpyro_deer.infer.compile_cache.compile_in_background`);
+        the background, side by side (:class:`~numpyro_deer.infer.host_run.Programs`);
         each runs as soon as its own compile is done, and a block program's
-        memory is checked before its first block. The progress bar (see
-        :mod:`~numpyro_deer.infer.progress`) advances after each warmup chunk
-        and each block. To measure the methods of ``method="auto"``
-        (``choose``) the first block after warmup is computed sequentially,
-        the first block after the DEER program is compiled with DEER, and the
-        faster computes the rest; blocks in between are sequential. A run that
-        ends before DEER is compiled keeps a provisional choice
-        (``MethodChoice.final`` false), measured again by the next run.
-        """
+        memory is checked before its first block. The progress bar advances
+        after each warmup chunk and each block. To measure the methods of
+        ``method="auto"`` (``choose``) the first block after warmup is computed
+        sequentially, the first block after the DEER program is compiled with
+        DEER, and the faster computes the rest; blocks in between are
+        sequential. A run that ends before DEER is compiled keeps a
+        provisional choice (``MethodChoice.final`` false), measured again by
+        the next run.
+        """  # fmt: skip
         kernel = self.sampler
-        chains = int(np.size(state.i))
-        start = _i32(start_idx)
+        start = i32(start_idx)
         trials = ["sequential", "deer"] if choose else []
         methods = (trials or [kernel_method(kernel)]) if total > 0 else []
-        placed = getattr(kernel, "mesh", None) is not None
         with Progress(n_warmup + total, self.progress_bar, phase) as progress:
-            compiling = compile_cache.compile_in_background(
-                self._lower_programs(
-                    warmup_fn if n_warmup else None, loop_fns, methods,
-                    bool(trials), state, collection, trace, n_warmup, total,
-                    start, dynamic,
-                )
+            lowered = self._lower_programs(
+                warmup_fn if n_warmup else None, loop_fns, methods, bool(trials),
+                state, collection, trace, n_warmup, total, start, dynamic,
             )  # fmt: skip
-            programs = {}
-
-            def program(name):
-                if name not in programs:
-                    if not compiling[name].done():
-                        progress.compiling(
-                            name if name == "warmup" else f"{name} blocks"
-                        )
-                    programs[name] = compiling[name].result()
-                    if name != "warmup":
-                        self._check_block_memory(name, programs[name], checked)
-                return programs[name]
-
-            def run(name, *args):
-                # over a mesh a program's outputs can come back with other
-                # shardings than it was compiled for: put them where it expects
-                if placed:
-                    args = jax.device_put(args, program(name).input_shardings[0])
-                return program(name)(*args)
-
+            programs = Programs(
+                lowered,
+                progress,
+                partial(self._check_block_memory, checked=checked),
+                placed=getattr(kernel, "mesh", None) is not None,
+            )
             if n_warmup:
-                program("warmup")
-                progress.running("warmup")
-                done, last, seconds = 0, 0, 0.0
-                while done < n_warmup:
-                    chunk = next_chunk(done, n_warmup - done, seconds, last)
-                    tic = time.perf_counter()
-                    state, collection, trace = run(
-                        "warmup",
-                        state, collection, trace, _i32(done), _i32(done + chunk),
-                        start, dynamic,
-                    )  # fmt: skip
-                    postfix = warmup_postfix(state)  # waits for the chunk
-                    seconds, last = time.perf_counter() - tic, chunk
-                    done += chunk
-                    progress.advance(chunk, postfix)
-                self._check_warmup(trace, n_warmup)
-
-            done, stats = _i32(0), (_i32(0), _i32(0), _i32(0))
-            timings = {}
-            size = loops.buffer_size(state, batched)
-            limit = int(loops.max_block_steps(total, size))
-            steps = 0
-            while int(done) < total and steps < limit:
-                name = _next_method(trials, timings, compiling, kernel)
-                program(name)
-                if steps == 0:
-                    progress.running("sample")
-                before = int(done)
-                tic = time.perf_counter()
-                state, collection, done, stats = run(
-                    name,
-                    state, collection, done, stats, _i32(n_warmup), _i32(total),
+                state, collection, trace = run_warmup(
+                    programs, progress, (state, collection, trace), n_warmup,
                     start, dynamic,
                 )  # fmt: skip
-                consumed = int(done) - before  # waits for the block
-                seconds = time.perf_counter() - tic
-                steps += 1
-                if name in trials and name not in timings:
-                    timings[name] = seconds
-                    if len(timings) == len(trials):
-                        self._choose(measured_choice(timings, size))
-                progress.advance(
-                    consumed, block_postfix(state, name, consumed * chains, seconds)
-                )
-            if trials and len(timings) < len(trials):
-                self._choose(pending_choice(timings, size))
-        _check_progress(done, total, state, batched)
+                self._check_warmup(trace, n_warmup)
+            state, collection, stats = run_blocks(
+                programs, progress, kernel, trials, self._choose,
+                (state, collection), n_warmup, total, start, dynamic, batched,
+            )  # fmt: skip
         self._warn_failed_blocks(stats)
         return state, collection
 
     def _choose(self, choice) -> None:
         self.sampler._set_method_choice(choice)
         logger.info("method='auto': %s (%s)", choice.method, choice.reason)
-
-
-def _next_method(trials: list, timings: dict, compiling: dict, kernel) -> str:
-    """The method of the next block: a trial of ``method="auto"`` still to
-    measure (DEER only once its program is compiled, the sequential scan until
-    then), else the kernel's."""
-    if not trials or len(timings) == len(trials):
-        return kernel_method(kernel)
-    if "sequential" in timings and compiling["deer"].done():
-        return "deer"
-    return "sequential"
-
-
-def kernel_method(kernel) -> str:
-    """The method a block kernel computes blocks with (``"deer"`` if it does
-    not say)."""
-    return getattr(kernel, "method_chosen", None) or "deer"
-
-
-def _check_progress(done, total: int, state, batched: bool) -> None:
-    if int(done) < total:
-        size = loops.buffer_size(state, batched)
-        raise RuntimeError(
-            f"numpyro_deer.MCMC: the block loop stopped after "
-            f"{loops.max_block_steps(total, size)} iterations "
-            f"with {int(done)} of {total} draws: the state's block buffer (size "
-            f"{size}) and the loop disagree about the "
-            "draws left. Please report this with the model and settings."
-        )
-
-
-def _i32(n) -> jax.Array:
-    return jnp.asarray(n, jnp.int32)

@@ -1,0 +1,181 @@
+"""A block kernel's run from the host: programs compiled in the background,
+warmup in chunks, then one block per call.
+
+:class:`Programs` holds a run's compiled programs by name (the warmup loop and
+a block step per method), compiling side by side in threads
+(:func:`~numpyro_deer.infer.compile_cache.compile_in_background`); each is
+waited for when first run, so warmup runs while the blocks still compile.
+:func:`run_warmup` advances warmup in chunks sized for the progress bar;
+:func:`run_blocks` computes one block per call and, for ``method="auto"``,
+measures both methods (:func:`next_method`). The driver,
+:class:`numpyro_deer.MCMC`, builds the programs and calls these.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from . import compile_cache, loops
+from .method import MethodChoice, measured_choice, pending_choice
+from .progress import Progress, block_postfix, next_chunk, warmup_postfix
+
+
+class Programs:
+    """A run's programs by name, compiling in the background.
+
+    Args:
+        lowered: name -> lowered program (``"warmup"``, or a method's name
+            for a block step).
+        progress: the run's progress bar; says what the run waits for.
+        check_memory: ``check_memory(name, compiled)`` for a block program,
+            called once before it first runs (raises if it does not fit).
+        placed: over a mesh, put each call's arguments where the compiled
+            program expects them (a program's outputs can come back with
+            other shardings than it was compiled for).
+    """
+
+    def __init__(
+        self,
+        lowered: dict[str, Any],
+        progress: Progress,
+        check_memory: Callable[[str, Any], None],
+        placed: bool,
+    ):
+        self._compiling = compile_cache.compile_in_background(lowered)
+        self._compiled = {}
+        self._progress = progress
+        self._check_memory = check_memory
+        self._placed = placed
+
+    def ready(self, name: str) -> bool:
+        """Whether ``name`` is compiled (running it will not wait)."""
+        return name in self._compiled or self._compiling[name].done()
+
+    def get(self, name: str):
+        """The compiled program ``name``, waiting for its compile."""
+        if name not in self._compiled:
+            if not self._compiling[name].done():
+                self._progress.compiling(name if name == "warmup" else f"{name} blocks")
+            compiled = self._compiling[name].result()
+            if name != "warmup":
+                self._check_memory(name, compiled)
+            self._compiled[name] = compiled
+        return self._compiled[name]
+
+    def __call__(self, name: str, *args):
+        program = self.get(name)
+        if self._placed:
+            args = jax.device_put(args, program.input_shardings[0])
+        return program(*args)
+
+
+def run_warmup(programs: Programs, progress: Progress, carry, n_warmup, start, dynamic):
+    """``n_warmup`` warmup steps in chunks; ``carry`` is ``(state,
+    collection, trace)``, returned advanced."""
+    programs.get("warmup")
+    progress.running("warmup")
+    done, last, seconds = 0, 0, 0.0
+    while done < n_warmup:
+        chunk = next_chunk(done, n_warmup - done, seconds, last)
+        tic = time.perf_counter()
+        carry = programs("warmup", *carry, i32(done), i32(done + chunk), start, dynamic)
+        postfix = warmup_postfix(carry[0])  # waits for the chunk
+        seconds, last = time.perf_counter() - tic, chunk
+        done += chunk
+        progress.advance(chunk, postfix)
+    return carry
+
+
+def run_blocks(
+    programs: Programs,
+    progress: Progress,
+    kernel,
+    trials: list[str],
+    choose: Callable[[MethodChoice], None],
+    carry,
+    n_warmup: int,
+    total: int,
+    start,
+    dynamic,
+    batched: bool,
+):
+    """The ``total`` sampling steps, one block per call; ``carry`` is
+    ``(state, collection)``. Returns ``(state, collection, stats)``.
+
+    With ``trials`` (``["sequential", "deer"]``, ``method="auto"`` measuring
+    both), each method's first block is timed on its own (:func:`next_method`
+    picks it) and ``choose`` receives the faster; a run that ends before DEER
+    is compiled passes a provisional choice.
+    """
+    state, collection = carry
+    chains = int(np.size(state.i))
+    done, stats = i32(0), (i32(0), i32(0), i32(0))
+    timings = {}
+    size = loops.buffer_size(state, batched)
+    limit = int(loops.max_block_steps(total, size))
+    steps = 0
+    while int(done) < total and steps < limit:
+        name = next_method(trials, timings, programs, kernel)
+        programs.get(name)
+        if steps == 0:
+            progress.running("sample")
+        before = int(done)
+        tic = time.perf_counter()
+        state, collection, done, stats = programs(
+            name, state, collection, done, stats, i32(n_warmup), i32(total),
+            start, dynamic,
+        )  # fmt: skip
+        consumed = int(done) - before  # waits for the block
+        seconds = time.perf_counter() - tic
+        steps += 1
+        if name in trials and name not in timings:
+            timings[name] = seconds
+            if len(timings) == len(trials):
+                choose(measured_choice(timings, size))
+        progress.advance(
+            consumed, block_postfix(state, name, consumed * chains, seconds)
+        )
+    if trials and len(timings) < len(trials):
+        choose(pending_choice(timings, size))
+    check_progress(done, total, state, batched)
+    return state, collection, stats
+
+
+def next_method(trials: list, timings: dict, programs: Programs, kernel) -> str:
+    """The method of the next block: a trial of ``method="auto"`` still to
+    measure (DEER only once its program is compiled, the sequential scan until
+    then), else the kernel's."""
+    if not trials or len(timings) == len(trials):
+        return kernel_method(kernel)
+    if "sequential" in timings and programs.ready("deer"):
+        return "deer"
+    return "sequential"
+
+
+def kernel_method(kernel) -> str:
+    """The method a block kernel computes blocks with (``"deer"`` if it does
+    not say)."""
+    return getattr(kernel, "method_chosen", None) or "deer"
+
+
+def check_progress(done, total: int, state, batched: bool) -> None:
+    """Raise if the block loop stopped before every draw was handed out."""
+    if int(done) < total:
+        size = loops.buffer_size(state, batched)
+        raise RuntimeError(
+            f"numpyro_deer.MCMC: the block loop stopped after "
+            f"{loops.max_block_steps(total, size)} iterations "
+            f"with {int(done)} of {total} draws: the state's block buffer (size "
+            f"{size}) and the loop disagree about the "
+            "draws left. Please report this with the model and settings."
+        )
+
+
+def i32(n) -> jax.Array:
+    return jnp.asarray(n, jnp.int32)
