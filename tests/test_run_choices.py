@@ -22,11 +22,14 @@ from numpyro_deer import (
     WarmupTransitWarning,
 )
 from numpyro_deer.infer import compile_cache, driver
+from numpyro_deer.infer import kernel as kernel_module
 from numpyro_deer.infer.method import MethodChoice, fitted_block_size
 from numpyro_deer.infer.progress import UPDATE_SECONDS, next_chunk
 from numpyro_deer.infer.transit import warmup_transit
 
-from .helpers import gaussian_data
+from .helpers import compile_log, gaussian_data
+
+LOG = compile_log()
 
 
 @pytest.mark.parametrize(
@@ -75,20 +78,13 @@ def compiled_now(lowered):
     return futures
 
 
-def auto_run(seed=1, method="auto", num_samples=128):
-    args, kwargs = gaussian_data(1.0)
-    kernel = DEERMALA(gaussian_mean_model, block_size=32, method=method)
-    mcmc = MCMC(kernel, num_warmup=50, num_samples=num_samples, progress_bar=False)
-    mcmc.run(jax.random.PRNGKey(seed), *args, **kwargs)
-    return kernel, mcmc
-
-
 @pytest.fixture
 def accelerator(monkeypatch):
     """The accelerator's rule for ``method="auto"`` on this machine."""
     monkeypatch.setattr(
         driver, "device_choice", lambda: MethodChoice("deer", "test", {})
     )
+    monkeypatch.setattr(kernel_module, "device_method", lambda: "deer")
     return monkeypatch
 
 
@@ -117,7 +113,8 @@ def test_auto_measures_both_methods_on_an_accelerator(accelerator, progress_bar)
 def test_auto_does_not_wait_for_deer_to_compile(accelerator):
     """While DEER's program compiles, ``method="auto"`` samples sequentially;
     a run that ends first keeps a provisional choice, and the next run, with
-    the program compiled, measures both. The draws are the chain either way."""
+    the program compiled, measures both, compiling nothing else. The draws
+    are the chain either way."""
     held = {}
 
     def deer_held_back(lowered):
@@ -127,8 +124,14 @@ def test_auto_does_not_wait_for_deer_to_compile(accelerator):
             futures["deer"] = Future()  # never done in this run
         return futures
 
+    # a warmup length of its own: no other test's programs are reused
+    settings = dict(num_warmup=70, num_samples=128, progress_bar=False)
+    args, kwargs = gaussian_data(1.0)
     accelerator.setattr(compile_cache, "compile_in_background", deer_held_back)
-    kernel, mcmc = auto_run()
+    kernel = DEERMALA(gaussian_mean_model, block_size=32)
+    mcmc = MCMC(kernel, **settings)
+    mcmc.run(jax.random.PRNGKey(1), *args, **kwargs)
+    draws = mcmc.get_samples()["mu"]
     choice = kernel.method_choice
     assert "deer" in held and not choice.final
     assert kernel.method_chosen == "sequential" and set(choice.seconds) == {
@@ -136,17 +139,21 @@ def test_auto_does_not_wait_for_deer_to_compile(accelerator):
     }
     assert "the run ended before deer was compiled" in choice.reason
     assert int(mcmc.last_state.newton_iterations) == 0  # no DEER solve
-    _, reference = auto_run(method="sequential")
-    np.testing.assert_allclose(
-        mcmc.get_samples()["mu"], reference.get_samples()["mu"], rtol=1e-8
-    )
 
     accelerator.setattr(compile_cache, "compile_in_background", compiled_now)
-    mcmc = MCMC(kernel, num_warmup=50, num_samples=128, progress_bar=False)
-    args, kwargs = gaussian_data(1.0)
-    mcmc.run(jax.random.PRNGKey(2), *args, **kwargs)
+    before = LOG.ours()
+    MCMC(kernel, **settings).run(jax.random.PRNGKey(2), *args, **kwargs)
     assert kernel.method_choice.final
     assert set(kernel.method_choice.seconds) == {"deer", "sequential"}
+    # the first run's warmup loop serves (it does not depend on the method)
+    compiled = LOG.ours() - before
+    assert not any("warmup_loop" in name for name in compiled), compiled
+
+    reference = MCMC(
+        DEERMALA(gaussian_mean_model, block_size=32, method="sequential"), **settings
+    )
+    reference.run(jax.random.PRNGKey(1), *args, **kwargs)
+    np.testing.assert_allclose(draws, reference.get_samples()["mu"], rtol=1e-8)
 
 
 def test_compiles_under_way_are_shared():

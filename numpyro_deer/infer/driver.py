@@ -146,6 +146,11 @@ class MCMC(numpyro.infer.MCMC):
             fns = compile_cache.cached(
                 shared, lambda: loops.build_loop_fns(self.sampler, *settings)
             )
+            if shared is not None:
+                # warmup does not depend on the blocks' method: one warmup
+                # loop for all (method="auto" measures both, then keeps one)
+                warmup_key = ("warmup", self.sampler.compile_key(False), settings)
+                fns = (compile_cache.cached(warmup_key, lambda: fns[0]), *fns[1:])
             self._block_fns[(kernel_key, settings)] = fns
         return fns
 

@@ -236,14 +236,16 @@ class _DEERKernel(MCMCKernel):
         windowed covariance) or ``False``; ``"auto"`` until :meth:`init`."""
         return self._mass_adaptation
 
-    def compile_key(self) -> tuple | None:
+    def compile_key(self, block_method: bool = True) -> tuple | None:
         """What the kernel's traced functions depend on besides their arguments.
 
         The model function (or potential), the kernel's settings (its mesh
         included), the warmup length and the structure, shapes and dtypes of
         the latent values (set by :meth:`init`; ``None`` before). Kernels with
         equal keys trace to the same functions, so their compiled functions are
-        shared (:mod:`~numpyro_deer.infer.compile_cache`).
+        shared (:mod:`~numpyro_deer.infer.compile_cache`). ``block_method=False``
+        leaves out the method blocks are computed with: the key of what warmup
+        traces.
         """
         if self._latent is None:
             return None
@@ -253,7 +255,7 @@ class _DEERKernel(MCMCKernel):
             self._transition,
             self._solver,
             # the method blocks are traced with (method="auto" tries both)
-            self._resolved_method(),
+            self._resolved_method() if block_method else None,
             self._on_failure,
             self._run_block_size,
             self._step_size,
