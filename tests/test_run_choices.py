@@ -4,6 +4,8 @@
 ``numpyro.infer.MCMC``, the warmup check and the progress bar's chunks.
 """
 
+import threading
+import time
 import warnings
 from concurrent.futures import Future
 
@@ -72,7 +74,7 @@ def test_auto_is_sequential_on_a_cpu():
 def compiled_now(lowered):
     """``compile_in_background`` that returns when every program is compiled."""
     futures = {}
-    for name, low in lowered.items():
+    for name, low in lowered:
         futures[name] = Future()
         futures[name].set_result(low.compile())
     return futures
@@ -118,7 +120,8 @@ def test_auto_does_not_wait_for_deer_to_compile(accelerator):
     held = {}
 
     def deer_held_back(lowered):
-        futures = compiled_now({k: v for k, v in lowered.items() if k != "deer"})
+        lowered = dict(lowered)
+        futures = compiled_now((k, v) for k, v in lowered.items() if k != "deer")
         if "deer" in lowered:
             held["deer"] = lowered["deer"]
             futures["deer"] = Future()  # never done in this run
@@ -156,15 +159,40 @@ def test_auto_does_not_wait_for_deer_to_compile(accelerator):
     np.testing.assert_allclose(draws, reference.get_samples()["mu"], rtol=1e-8)
 
 
-def test_compiles_under_way_are_shared():
-    """A program still compiling is not compiled again for a second call."""
-    lowered = jax.jit(lambda x: jnp.sin(x) * 2).lower(jnp.ones(3))
-    first = compile_cache.compile_in_background({"f": lowered})["f"]
-    again = jax.jit(lambda x: x + 1).lower(jnp.ones(3))
-    both = compile_cache.compile_in_background({"f": lowered, "g": again})
-    assert both["f"] is first or first.done()
-    np.testing.assert_allclose(both["g"].result()(jnp.ones(3)), 2.0)
-    np.testing.assert_allclose(first.result()(jnp.zeros(3)), 0.0)
+class SlowLowered:
+    """A stand-in for a lowered program whose compile waits for ``release``."""
+
+    def __init__(self, events):
+        self._lowering = object()  # what identifies the computation
+        self.release = threading.Event()
+        self.events = events
+
+    def compile(self):
+        self.events.append("compile started")
+        self.release.wait(timeout=60)
+        return "compiled"
+
+
+def test_compiles_start_as_lowered_and_are_not_repeated():
+    """Each compile starts as soon as its program is lowered (before the next
+    is lowered), and a program still compiling is not compiled again."""
+    events = []
+    slow = SlowLowered(events)
+
+    def lowered_one_by_one():
+        yield "warmup", slow
+        time.sleep(0.5)  # the next program's lowering
+        events.append("second lowered")
+        yield "block", jax.jit(lambda x: x + 1).lower(jnp.ones(3))
+
+    futures = compile_cache.compile_in_background(lowered_one_by_one())
+    assert events == ["compile started", "second lowered"]
+    again = compile_cache.compile_in_background([("warmup", slow)])
+    assert again["warmup"] is futures["warmup"] and not futures["warmup"].done()
+    slow.release.set()
+    assert futures["warmup"].result() == "compiled"
+    assert events.count("compile started") == 1
+    np.testing.assert_allclose(futures["block"].result()(jnp.ones(3)), 2.0)
 
 
 def test_stock_mcmc_warns_once_per_run():

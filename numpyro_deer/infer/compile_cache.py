@@ -25,7 +25,7 @@ one kernel's compiled function serve another's run.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
@@ -115,33 +115,35 @@ def snapshot(obj):
 _UNDER_WAY: dict[int, tuple[Any, Future]] = {}
 
 
-def compile_in_background(lowered: dict[str, Any]) -> dict[str, Future]:
+def compile_in_background(lowered: Iterable[tuple[str, Any]]) -> dict[str, Future]:
     """Each lowered program's compilation, started in a thread of its own.
 
-    Returns a future per name; ``future.result()`` is the compiled program.
-    XLA compiles outside Python's global lock, so the programs compile at
-    once and the caller runs each as soon as its own compile is done (warmup
-    runs while the blocks still compile). A program still compiling for an
-    earlier call (the same lowered computation: JAX caches the lowering of a
-    jitted function) is not compiled twice: its future is returned. The
-    threads are not daemons: a process that ends while a compile is under way
-    waits for it.
+    ``lowered`` yields ``(name, lowered program)`` pairs (a dict's ``items()``,
+    or a generator that lowers them one by one: each compile starts as soon
+    as its program is lowered, while the next is lowered). Returns a future
+    per name; ``future.result()`` is the compiled program. XLA compiles
+    outside Python's global lock, so the programs compile at once and the
+    caller runs each as soon as its own compile is done (warmup runs while the
+    blocks still compile). A program still compiling for an earlier call (the
+    same lowered computation: JAX caches the lowering of a jitted function) is
+    not compiled twice: its future is returned. The threads are not daemons: a
+    process that ends while a compile is under way waits for it.
     """
-    pool = None
+    pool = ThreadPoolExecutor(max_workers=4)
     futures = {}
-    for name, low in lowered.items():
-        computation = getattr(low, "_lowering", None)
-        under_way = _UNDER_WAY.get(id(computation))
-        if under_way is not None and under_way[0] is computation:
-            futures[name] = under_way[1]
-            continue
-        pool = pool or ThreadPoolExecutor(max_workers=len(lowered))
-        future = pool.submit(low.compile)
-        if computation is not None:
-            key = id(computation)
-            _UNDER_WAY[key] = (computation, future)
-            future.add_done_callback(lambda _, key=key: _UNDER_WAY.pop(key, None))
-        futures[name] = future
-    if pool is not None:
+    try:
+        for name, low in lowered:
+            computation = getattr(low, "_lowering", None)
+            under_way = _UNDER_WAY.get(id(computation))
+            if under_way is not None and under_way[0] is computation:
+                futures[name] = under_way[1]
+                continue
+            future = pool.submit(low.compile)
+            if computation is not None:
+                key = id(computation)
+                _UNDER_WAY[key] = (computation, future)
+                future.add_done_callback(lambda _, key=key: _UNDER_WAY.pop(key, None))
+            futures[name] = future
+    finally:
         pool.shutdown(wait=False)
     return futures

@@ -250,30 +250,31 @@ class MCMC(numpyro.infer.MCMC):
     def _lower_programs(
         self, warmup_fn, loop_fns, methods, trial, state, collection, trace,
         n_warmup, total, start, dynamic,
-    ) -> dict:  # fmt: skip
-        """The programs of a run, lowered (traced to StableHLO), by name.
+    ):  # fmt: skip
+        """The programs of a run, lowered (traced to StableHLO) one by one:
+        yields ``(name, lowered)`` in the order the run needs them.
 
-        ``"warmup"`` (the warmup loop, unless ``warmup_fn`` is ``None``) and a
-        block step per name in ``methods``, each traced with that method if
+        ``"warmup"`` (the warmup loop, unless ``warmup_fn`` is ``None``), then
+        a block step per name in ``methods``, each traced with that method if
         ``trial`` (``method="auto"`` measuring both).
         """
         kernel = self.sampler
         zero = i32(0)
-        lowered = {}
         if warmup_fn is not None:
-            lowered["warmup"] = warmup_fn.lower(
-                state, collection, trace, zero, i32(1), start, dynamic
+            yield (
+                "warmup",
+                warmup_fn.lower(state, collection, trace, zero, i32(1), start, dynamic),
             )
         for name in methods:
             kernel._trial_method = name if trial else None
             try:
-                lowered[name] = loop_fns()[1].lower(
+                lowered = loop_fns()[1].lower(
                     state, collection, zero, (zero, zero, zero), i32(n_warmup),
                     i32(total), start, dynamic,
                 )  # fmt: skip
             finally:
                 kernel._trial_method = None
-        return lowered
+            yield name, lowered
 
     def _num_warmup_iterations(self, state, upper: int) -> int:
         """Loop iterations that are warmup steps for this ``run``."""

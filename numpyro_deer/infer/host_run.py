@@ -14,7 +14,7 @@ measures both methods (:func:`next_method`). The driver,
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import jax
@@ -30,8 +30,9 @@ class Programs:
     """A run's programs by name, compiling in the background.
 
     Args:
-        lowered: name -> lowered program (``"warmup"``, or a method's name
-            for a block step).
+        lowered: ``(name, lowered program)`` pairs (``"warmup"``, or a
+            method's name for a block step), each compile started as soon as
+            its program is lowered.
         progress: the run's progress bar; says what the run waits for.
         check_memory: ``check_memory(name, compiled)`` for a block program,
             called once before it first runs (raises if it does not fit).
@@ -42,7 +43,7 @@ class Programs:
 
     def __init__(
         self,
-        lowered: dict[str, Any],
+        lowered: Iterable[tuple[str, Any]],
         progress: Progress,
         check_memory: Callable[[str, Any], None],
         placed: bool,
