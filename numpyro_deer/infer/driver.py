@@ -354,7 +354,10 @@ class MCMC(numpyro.infer.MCMC):
         start = i32(start_idx)
         trials = ["sequential", "deer"] if choose else []
         methods = (trials or [kernel_method(kernel)]) if total > 0 else []
+        stages = (["warmup"] if n_warmup else []) + [f"{m} blocks" for m in methods]
         with Progress(n_warmup + total, self.progress_bar, phase) as progress:
+            if stages:
+                progress.compiling(" and ".join(stages))
             lowered = self._lower_programs(
                 warmup_fn if n_warmup else None, loop_fns, methods, bool(trials),
                 state, collection, trace, n_warmup, total, start, dynamic,
