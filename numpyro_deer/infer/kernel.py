@@ -154,8 +154,8 @@ class _DEERKernel(MCMCKernel):
     @property
     def method_chosen(self) -> str:
         """The method blocks are computed with: ``method`` unless it is
-        ``"auto"``, then what :class:`numpyro_deer.MCMC` chose at the end of
-        warmup (:attr:`method_choice`), or before that the device's rule."""
+        ``"auto"``, then what :class:`numpyro_deer.MCMC` chose by measuring
+        both (:attr:`method_choice`), or before that the device's rule."""
         return self._resolved_method()
 
     @property

@@ -81,8 +81,10 @@ class DEERMALA(_DEERKernel):
             ``"sequential"`` (the same taped chain by :func:`jax.lax.scan`, one
             step after the other; the reference) or ``"auto"`` (the default):
             the sequential scan on a CPU, and on an accelerator the faster of
-            the two, measured by :class:`~numpyro_deer.MCMC` on the first two
-            blocks after warmup. The choice is :attr:`method_chosen`, its
+            the two, measured by :class:`~numpyro_deer.MCMC` on a block each
+            (sequential blocks until DEER's program, compiling in the
+            background, is ready; a run that ends first keeps the sequential
+            scan provisionally). The choice is :attr:`method_chosen`, its
             reason and timings :attr:`method_choice`.
         solver: how each block is solved: a :class:`~numpyro_deer.DEERSolver`
             (Jacobian strategy, accept gate, solve basis, tolerances, iteration

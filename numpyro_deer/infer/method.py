@@ -1,7 +1,8 @@
 """How a run computes its blocks: the method, the block size, the driver.
 
 ``method="auto"`` (the default of :class:`~numpyro_deer.DEERMALA`) is decided
-once per kernel, by :class:`numpyro_deer.MCMC` at the end of warmup:
+once per kernel, by :class:`numpyro_deer.MCMC` during the first run that can
+measure both methods:
 
 * on a CPU, the sequential scan. A CPU has few cores to spread a block's
   ``B`` evaluations over, and DEER was slower than the sequential chain on
