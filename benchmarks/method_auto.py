@@ -4,8 +4,10 @@ For each model: one warmup (``--num-warmup``, default the model's
 recommended warmup capped at ``--max-warmup``) with ``method="sequential"``,
 then from that post-warmup state, for ``method="sequential"``, ``"deer"`` and
 ``"auto"``: a first run of ``--blocks`` blocks of ``--block-size`` draws
-(compiles; ``auto`` makes its choice here) and ``--repeats`` timed runs of
-the same length, each continuing from the last (the fastest counts). A row
+(compiles; ``auto`` measures both here, or keeps the sequential scan
+provisionally if the run ends before DEER's program is compiled) and
+``--repeats`` timed runs of the same length, each continuing from the last
+(the fastest counts). A row
 gives the seconds per block of each, the method ``auto`` chose with its
 reason, and ``auto``'s time over the faster method's. Run from the repository root::
 
