@@ -80,23 +80,25 @@ def device_choice() -> MethodChoice:
     return MethodChoice("deer", f"{backend}: DEER (not measured)", {})
 
 
+def _per_block(seconds: dict, block_size: int) -> str:
+    times = ", ".join(f"{m} {s:.3g} s" for m, s in sorted(seconds.items()))
+    return f"per block of {block_size}: {times}"
+
+
 def measured_choice(seconds: dict, block_size: int) -> MethodChoice:
     """The faster method of ``seconds`` (method -> seconds for one block)."""
     method = min(seconds, key=seconds.get)
-    times = ", ".join(f"{m} {s:.3g} s" for m, s in sorted(seconds.items()))
     return MethodChoice(
-        method, f"measured per block of {block_size}: {times}", dict(seconds)
+        method, f"measured {_per_block(seconds, block_size)}", dict(seconds)
     )
 
 
 def pending_choice(seconds: dict, block_size: int) -> MethodChoice:
     """The sequential scan, provisionally: the run ended before DEER's
-    program was compiled (``seconds`` holds the sequential scan's time at
-    most)."""
-    times = "".join(f", {m} {s:.3g} s" for m, s in sorted(seconds.items()))
+    program was compiled (``seconds`` holds the sequential scan's time)."""
     return MethodChoice(
         "sequential",
-        f"provisional, per block of {block_size}{times}: the run ended before "
+        f"provisional, {_per_block(seconds, block_size)}; the run ended before "
         "deer was compiled; the next run measures both",
         dict(seconds),
         final=False,
