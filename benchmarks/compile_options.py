@@ -7,8 +7,9 @@ kernels). This script compiles, ahead of time, the two bodies of the driver's
 loops -- ``kernel.block_warmup`` (one warmup step) and ``kernel.block_refill``
 (one block) -- with each set of compiler options passed to
 ``Lowered.compile(compiler_options=...)``, and then times the compiled block
-(median of three calls after one), so that a faster compile can be weighed
-against a slower program.
+(median of three calls after one) and warmup step (median of ten after one),
+so that a faster compile can be weighed against a slower program.
+``--method sequential`` compiles the sequential block instead of DEER's.
 
 Every (model, options) pair runs in a fresh process: XLA keeps what its tuner
 found for the life of a process, so a second compile in the same process would
@@ -90,13 +91,15 @@ def child(model: str, option_set: str, ns) -> dict:
         t2 = time.perf_counter()
         row[f"{name}_lower_s"] = t1 - t0
         row[f"{name}_compile_s"] = t2 - t1
-        if name == "block_refill":
-            times = []
-            for _ in range(4):
-                t0 = time.perf_counter()
-                jax.block_until_ready(compiled(state, args, kwargs))
-                times.append(time.perf_counter() - t0)
-            row["block_run_s"] = statistics.median(times[1:])
+        # median of the calls after the first: the block, and one warmup step
+        repeats = 4 if name == "block_refill" else 11
+        times = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            jax.block_until_ready(compiled(state, args, kwargs))
+            times.append(time.perf_counter() - t0)
+        key = "block_run_s" if name == "block_refill" else "warmup_step_run_s"
+        row[key] = statistics.median(times[1:])
     return row
 
 
@@ -219,7 +222,9 @@ def main(argv=None) -> list[dict]:
             [
                 ("model", "model"),
                 ("options", "options"),
+                ("method", "method"),
                 ("warmup_step_compile_s", "warmup step compile s", ".3g"),
+                ("warmup_step_run_s", "warmup step run s", ".3g"),
                 ("block_refill_compile_s", "block compile s", ".3g"),
                 ("block_run_s", "block run s", ".3g"),
             ],

@@ -12,6 +12,7 @@ import pytest
 
 from benchmarks.models import gaussian_mean_model
 from numpyro_deer import DEERMALA, MCMC
+from numpyro_deer.infer import compile_cache
 
 from .helpers import compile_log, gaussian_data
 
@@ -86,4 +87,48 @@ def test_progress_bar_loops_compile_once():
     assert any("warmup_loop" in n for n in compiled)
     assert any("block_step" in n for n in compiled)
     _, again = _run(progress_bar=True, seed=2, model=_progress_model)
+    assert again == Counter()
+
+
+def _options_model(y, sigma):
+    """``gaussian_mean_model`` under another function: its own compile key."""
+    gaussian_mean_model(y, sigma)
+
+
+def test_compiler_options_on_gpu_only_unless_the_user_sets_the_flag(monkeypatch):
+    monkeypatch.delenv("XLA_FLAGS", raising=False)
+    monkeypatch.setattr(compile_cache.jax, "default_backend", lambda: "gpu")
+    assert compile_cache.compiler_options() == {compile_cache.TRITON_GEMM: False}
+    monkeypatch.setenv("XLA_FLAGS", "--xla_gpu_enable_triton_gemm=true")
+    assert compile_cache.compiler_options() is None
+    monkeypatch.delenv("XLA_FLAGS")
+    monkeypatch.setattr(compile_cache.jax, "default_backend", lambda: "cpu")
+    assert compile_cache.compiler_options() is None
+
+
+def test_programs_compile_with_the_options_and_once(first, monkeypatch):
+    # every program of a run is jitted through compile_cache.jit, which
+    # passes compile_cache.compiler_options() to XLA: an option XLA rejects
+    # fails the compile
+    built = []
+    jit = compile_cache.jit
+
+    def recording_jit(fun, **kwargs):
+        built.append(fun.__name__)
+        return jit(fun, **kwargs)
+
+    monkeypatch.setattr(compile_cache, "jit", recording_jit)
+    monkeypatch.setattr(compile_cache, "compiler_options", lambda: {"no_such": 1})
+    with pytest.raises(Exception, match="no_such"):
+        compile_cache.jit(lambda x: x + 1)(1.0)
+    # the GPU's options (ignored by the CPU): the same draws, and a second
+    # MCMC object compiles nothing (options given to jax.jit, not to each
+    # compile, keep JAX's cache of the compiled program)
+    options = {compile_cache.TRITON_GEMM: False}
+    monkeypatch.setattr(compile_cache, "compiler_options", lambda: options)
+    draws, compiled = _run(model=_options_model)
+    assert {"init_one", "warmup_loop", "block_step"} <= set(built)
+    assert any("block_step" in n for n in compiled)
+    np.testing.assert_array_equal(draws, first[0])
+    _, again = _run(model=_options_model)
     assert again == Counter()

@@ -24,6 +24,7 @@ one kernel's compiled function serve another's run.
 
 from __future__ import annotations
 
+import os
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -109,6 +110,35 @@ def snapshot(obj):
     new = object.__new__(type(obj))
     new.__dict__.update(obj.__dict__)
     return new
+
+
+TRITON_GEMM = "xla_gpu_enable_triton_gemm"
+"""The XLA option :func:`compiler_options` turns off on a GPU."""
+
+
+def compiler_options() -> dict[str, Any] | None:
+    """The XLA options the package compiles its programs with.
+
+    On a GPU, matrix products go to cuBLAS rather than to Triton kernels,
+    which XLA's GPU compiler tunes for each product's shape by compiling and
+    timing candidate kernels: most of the compile time of a model with
+    matrix products. Measured on an H100 on the six benchmark models
+    (``docs/performance.md``): the warmup step and the sequential block
+    compile up to 8.5 times faster (eight schools, without a matrix product,
+    as fast) and run as fast; DEER's block compiles 1.3 to 4.8 times faster
+    and runs 0.9 to 1.4 times as long. A user's own
+    ``XLA_FLAGS`` setting of ``xla_gpu_enable_triton_gemm`` wins (nothing set
+    then); other backends get no options.
+    """
+    if jax.default_backend() != "gpu" or TRITON_GEMM in os.environ.get("XLA_FLAGS", ""):
+        return None
+    return {TRITON_GEMM: False}
+
+
+def jit(fun: Callable, **kwargs) -> Callable:
+    """:func:`jax.jit` with the package's :func:`compiler_options`, for the
+    programs the kernel and the driver compile."""
+    return jax.jit(fun, compiler_options=compiler_options(), **kwargs)
 
 
 # compiles under way, by the lowered computation they compile (see below)

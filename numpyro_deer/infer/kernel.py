@@ -376,8 +376,8 @@ class _DEERKernel(MCMCKernel):
             )
 
         if vectorized:
-            return jax.jit(jax.vmap(init_one, in_axes=(0, 0, None)))
-        return jax.jit(init_one)
+            return compile_cache.jit(jax.vmap(init_one, in_axes=(0, 0, None)))
+        return compile_cache.jit(init_one)
 
     # ------------------------------------------------------------------ sample
     @staticmethod

@@ -139,8 +139,8 @@ def build_loop_fns(
     # the collection is updated in place where the backend can donate
     donate = () if jax.default_backend() == "cpu" else (1,)
     fns = (
-        jax.jit(warmup_loop, donate_argnums=donate),
-        jax.jit(block_step, donate_argnums=donate),
+        compile_cache.jit(warmup_loop, donate_argnums=donate),
+        compile_cache.jit(block_step, donate_argnums=donate),
         run_all,
         lambda state, dynamic: collected(state, *unflatten(dynamic)),
         set(),  # the memory check done for these loops (see below)
