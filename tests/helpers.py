@@ -1,5 +1,6 @@
 """Small shared helpers for the tests."""
 
+import sys
 from collections import Counter
 
 import jax
@@ -19,20 +20,42 @@ def gaussian_data(value: float, n: int = 20):
     return (jnp.full((n,), value), 1.0), {}
 
 
+def _caller_module() -> str:
+    """The module of the innermost frame outside JAX (and this file): the
+    code whose call made JAX compile."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        module = frame.f_globals.get("__name__", "")
+        if module != __name__ and module.partition(".")[0] not in _JAX_MODULES:
+            return module
+        frame = frame.f_back
+    return ""
+
+
+_JAX_MODULES = frozenset({"jax", "jaxlib", "contextlib", "functools"})
+
+
 class CompileLog:
     """XLA compilations by function name, from ``jax.monitoring``'s
-    backend-compile events (the listener stays for the process)."""
+    backend-compile events (the listener stays for the process).
+
+    ``events`` lists every compilation as ``(function name, module)``, the
+    module whose code asked JAX for it (see :func:`_caller_module`).
+    """
 
     EVENT = "/jax/core/compile/backend_compile_duration"
     OURS = ("warmup_loop", "block_step", "init_one")
 
     def __init__(self):
         self.names = Counter()
+        self.events: list[tuple[str, str]] = []
         jax.monitoring.register_event_duration_secs_listener(self._listen)
 
     def _listen(self, event, duration, **kwargs):
         if event == self.EVENT:
-            self.names[str(kwargs.get("fun_name"))] += 1
+            name = str(kwargs.get("fun_name"))
+            self.names[name] += 1
+            self.events.append((name, _caller_module()))
 
     def ours(self) -> Counter:
         """Compilations of the kernel's and the driver's own programs."""

@@ -132,3 +132,44 @@ def test_programs_compile_with_the_options_and_once(first, monkeypatch):
     np.testing.assert_array_equal(draws, first[0])
     _, again = _run(model=_options_model)
     assert again == Counter()
+
+
+def _unshared_model(y):
+    """A model with latent shapes no other test samples (11 values)."""
+    mu = numpyro.sample("mu", dist.Normal(0.0, 5.0))
+    x = numpyro.sample("x", dist.Normal(0.0, 1.0).expand([10]).to_event(1))
+    numpyro.sample("y", dist.Normal(mu + x, 1.0).to_event(1), obs=y)
+
+
+# the kernel's and the driver's programs, and the few small programs the
+# set-up compiles itself: the first chain's values of NumPyro's batch of one,
+# the zero collection, whether the blocks need a refill (method="auto" on an
+# accelerator), and the split of the run's key
+SETUP_PROGRAMS = {
+    "jit(init_one)",
+    "jit(warmup_loop)",
+    "jit(block_step)",
+    "jit(_first)",
+    "jit(_zeros)",
+    "jit(all_need_refill)",
+    "jit(_threefry_split)",
+    "jit(unstack)",
+}
+
+
+def test_run_set_up_compiles_no_one_op_programs():
+    # eager jnp operations in the kernel's init or the driver's set-up would
+    # each compile a program (~30 ms on the CPU) the first time in a process:
+    # every compile asked for by this package's own code is one of the above
+    before = len(LOG.events)
+    mcmc = MCMC(
+        DEERMALA(_unshared_model, block_size=16),
+        num_warmup=23,
+        num_samples=37,
+        progress_bar=False,
+    )
+    mcmc.run(jax.random.PRNGKey(3), np.linspace(-1.0, 1.0, 10))
+    events = LOG.events[before:]
+    ours = Counter(name for name, where in events if where.startswith("numpyro_deer"))
+    assert "jit(init_one)" in ours
+    assert set(ours) <= SETUP_PROGRAMS, ours

@@ -7,6 +7,8 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
+from jax.flatten_util import ravel_pytree
 
 
 def on_cpu() -> bool:
@@ -48,10 +50,36 @@ def float_params(params: Any) -> Any:
     return jax.tree.map(to_float, params)
 
 
+def latent_layout(params: Any, batched: bool) -> tuple[Any, Callable]:
+    """``(flat, unravel)`` of one chain's latent values, compiling nothing.
+
+    ``flat`` is the shape and dtype (a ``jax.ShapeDtypeStruct``) of
+    ``ravel_pytree`` of one chain's values (the first along the leading chain
+    axis when ``batched``), ``unravel`` its inverse: the same as ``ravel_pytree``
+    gives, traced abstractly with ``jax.eval_shape`` rather than run, which
+    would compile a program per reshape and per concatenation.
+    """
+    unravels = []
+
+    def ravel_one(tree):
+        one = jax.tree.map(lambda x: x[0], tree) if batched else tree
+        flat, unravel = ravel_pytree(one)
+        unravels.append(unravel)
+        return flat
+
+    flat = jax.eval_shape(ravel_one, params)
+    return flat, unravels[0]
+
+
 def check_initial_potential(potential_energy) -> None:
+    """Raise ``ValueError`` if a chain's initial potential is not finite.
+
+    Checked with numpy on the host (one scalar per chain): eager ``jnp``
+    operations would each compile a program the first time.
+    """
     if isinstance(potential_energy, jax.core.Tracer):
         return
-    if not bool(jnp.all(jnp.isfinite(potential_energy))):
+    if not np.all(np.isfinite(np.asarray(potential_energy))):
         raise ValueError(
             "The potential energy at the initial parameters is not "
             "finite. Check the model's data and priors, or pass valid "

@@ -37,7 +37,6 @@ import numpyro.infer
 
 from . import compile_cache, loops, memory
 from . import numpyro_compat as compat
-from .block import needs_refill
 from .checks import translate_tracer_errors
 from .convergence import (
     DEERConvergenceError,
@@ -192,14 +191,19 @@ class MCMC(numpyro.infer.MCMC):
         warmup_fn, _, run_all, collected, checked = loop_fns()
         with translate_tracer_errors():
             proto = jax.eval_shape(collected, init_state, dynamic)
-        collection = jax.tree.map(
-            lambda s: jnp.zeros((size,) + s.shape, s.dtype), proto
-        )
         total = upper - n_warmup
         # one entry at least: a run without warmup writes nothing to it
         trace_shape = (max(n_warmup, 1),) + jnp.shape(init_state.potential_energy)
-        trace = jnp.zeros(trace_shape)
-        trace = trace.astype(jnp.result_type(init_state.potential_energy))
+        collection, trace = loops.zeros(
+            (
+                jax.tree.map(
+                    lambda s: jax.ShapeDtypeStruct((size,) + s.shape, s.dtype), proto
+                ),
+                jax.ShapeDtypeStruct(
+                    trace_shape, jnp.result_type(init_state.potential_energy)
+                ),
+            )
+        )
         if traced:
             # inside pmap or jit: one compiled loop, no progress bar; the
             # failed-block counts travel out with the state (see _run_parallel)
@@ -300,11 +304,12 @@ class MCMC(numpyro.infer.MCMC):
             return False
         choice = device_choice()
         size = loops.buffer_size(state, batched)
-        fresh = not traced and bool(
-            np.all(np.asarray(jax.vmap(needs_refill)(state) if batched else
-                              needs_refill(state)))
-        )  # fmt: skip
-        if choice.method == "sequential" or traced or total < 2 * size or not fresh:
+        if (
+            choice.method == "sequential"
+            or traced
+            or total < 2 * size
+            or not bool(loops.all_need_refill(state, batched))
+        ):
             if current is None:
                 self._choose(choice)
             return False

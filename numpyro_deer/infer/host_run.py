@@ -18,7 +18,6 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from . import compile_cache, loops
@@ -179,4 +178,6 @@ def check_progress(done, total: int, state, batched: bool) -> None:
 
 
 def i32(n) -> jax.Array:
-    return jnp.asarray(n, jnp.int32)
+    """``n`` as an int32 scalar on the device, compiling nothing (where
+    ``jnp.asarray(n, jnp.int32)`` compiles a conversion the first time)."""
+    return jax.device_put(np.int32(n))

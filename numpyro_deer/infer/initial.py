@@ -17,6 +17,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import Array
 from jax.flatten_util import ravel_pytree
 from numpyro.infer.util import initialize_model
@@ -55,7 +56,7 @@ def initialize(
     try:
         with translate_tracer_errors():
             params_info, potential_fn_gen, postprocess_fn, _ = initialize_model(
-                rng_key[None] if single else rng_key,
+                _batch_of_one(rng_key) if single else rng_key,
                 model,
                 dynamic_args=True,
                 init_strategy=init_strategy,
@@ -72,8 +73,36 @@ def initialize(
         ) from err
     params = params_info[0]
     if single:
-        params = jax.tree.map(lambda x: x[0], params)
+        params = _first(params)
     return params, potential_fn_gen, postprocess_fn
+
+
+def _batch_of_one(rng_key: Array) -> Array:
+    """A concrete key as a batch of one key.
+
+    A raw key (``uint32`` words) goes as a numpy array: NumPyro takes its
+    first key back out (``rng_key[0]``), and on numpy neither step compiles a
+    program. A typed key (``jax.random.key``) is indexed as a JAX array.
+    """
+    if jnp.issubdtype(rng_key.dtype, jax.dtypes.prng_key):
+        return rng_key[None]
+    return np.asarray(rng_key)[None]
+
+
+@jax.jit
+def _split_chain_keys(rng_key: Array) -> tuple[Array, Array, Array]:
+    """``(keys left, keys of the model, first key of the model)``: each
+    chain's key split in two, in one compiled program rather than a program
+    per operation."""
+    rng_key, key_model = jnp.swapaxes(jax.vmap(jax.random.split)(rng_key), 0, 1)
+    return rng_key, key_model, key_model[0]
+
+
+@jax.jit
+def _first(tree: Any) -> Any:
+    """The first entry of every leaf: one compiled program per structure and
+    shapes, where indexing each leaf compiles one per leaf shape."""
+    return jax.tree.map(lambda x: x[0], tree)
 
 
 def starting_params(
@@ -99,9 +128,9 @@ def starting_params(
         params = init_model(key_model, model_args, model_kwargs, init_params)
         return rng_key, float_params(params)
     num_chains = rng_key.shape[0]
-    rng_key, key_model = jnp.swapaxes(jax.vmap(jax.random.split)(rng_key), 0, 1)
+    rng_key, key_model, first_key = _split_chain_keys(rng_key)
     # sets up the potential (and checks the model) once, from the first key
-    params = init_model(key_model[0], model_args, model_kwargs, init_params)
+    params = init_model(first_key, model_args, model_kwargs, init_params)
     if init_params is None:
         params = jax.vmap(lambda k: init_model(k, model_args, model_kwargs, None))(
             key_model

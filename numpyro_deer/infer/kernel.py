@@ -27,6 +27,7 @@ from .arguments import check_kernel_arguments
 from .block import emit_draw, needs_refill, refill_block
 from .chains import (
     check_initial_potential,
+    latent_layout,
     map_chains,
     on_cpu,
 )
@@ -321,8 +322,7 @@ class _DEERKernel(MCMCKernel):
         rng_key, init_params = starting_params(
             self._init_model, rng_key, model_args, model_kwargs, init_params
         )
-        one = jax.tree.map(lambda x: x[0], init_params) if vectorized else init_params
-        flat, self._unravel = ravel_pytree(one)
+        flat, self._unravel = latent_layout(init_params, vectorized)
         if flat.size == 0:
             raise UnsupportedModelError(
                 "DEERMALA: the model has no latent sample sites (nothing to "
@@ -340,7 +340,7 @@ class _DEERKernel(MCMCKernel):
             kernel=type(self).__name__,
             multiple=self.block_multiple,
         )
-        self._latent = compile_cache.latent_signature(one)
+        self._latent = compile_cache.latent_signature(init_params, vectorized)
         dynamic, static = compile_cache.split_model_args(model_args, model_kwargs)
         init_fn = compile_cache.cached(
             ("init", self.compile_key(), vectorized, static),

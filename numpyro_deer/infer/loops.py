@@ -10,14 +10,24 @@ slots NumPyro's ``fori_collect`` would use, thinning included.
 
 from __future__ import annotations
 
+from functools import partial
+from typing import Any
+
 import jax
 import jax.numpy as jnp
 
 from ..core.newton import RESULTS
 from . import compile_cache
 from . import numpyro_compat as compat
+from .block import needs_refill
 
-__all__ = ["buffer_size", "build_loop_fns", "max_block_steps"]
+__all__ = [
+    "all_need_refill",
+    "buffer_size",
+    "build_loop_fns",
+    "max_block_steps",
+    "zeros",
+]
 
 
 def collection_slots(n, start_idx, thinning, valid, size):
@@ -146,6 +156,29 @@ def build_loop_fns(
         set(),  # the memory check done for these loops (see below)
     )
     return fns
+
+
+def zeros(avals: Any) -> Any:
+    """Zero arrays of the shapes and dtypes of ``avals`` (a pytree of
+    ``jax.ShapeDtypeStruct``), made on the device by one compiled program per
+    layout: ``jnp.zeros`` per leaf would compile a program per shape and dtype
+    the first time."""
+    leaves, treedef = jax.tree.flatten(avals)
+    layout = tuple((tuple(a.shape), jnp.dtype(a.dtype)) for a in leaves)
+    return jax.tree.unflatten(treedef, _zeros(layout))
+
+
+@partial(jax.jit, static_argnums=0)
+def _zeros(layout: tuple) -> list:
+    return [jnp.zeros(shape, dtype) for shape, dtype in layout]
+
+
+@partial(jax.jit, static_argnums=1)
+def all_need_refill(state, batched: bool) -> jax.Array:
+    """Whether every chain's buffer needs a refill (:func:`needs_refill`), in
+    one compiled program rather than its operations one by one."""
+    fresh = jax.vmap(needs_refill)(state) if batched else needs_refill(state)
+    return jnp.all(fresh)
 
 
 def buffer_size(state, batched: bool) -> int:
