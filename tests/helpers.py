@@ -1,6 +1,7 @@
 """Small shared helpers for the tests."""
 
 import sys
+import threading
 from collections import Counter
 
 import jax
@@ -40,7 +41,8 @@ class CompileLog:
     backend-compile events (the listener stays for the process).
 
     ``events`` lists every compilation as ``(function name, module)``, the
-    module whose code asked JAX for it (see :func:`_caller_module`).
+    module whose code asked JAX for it (see :func:`_caller_module`), and
+    ``threads`` as ``(function name, thread name)``.
     """
 
     EVENT = "/jax/core/compile/backend_compile_duration"
@@ -49,6 +51,7 @@ class CompileLog:
     def __init__(self):
         self.names = Counter()
         self.events: list[tuple[str, str]] = []
+        self.threads: list[tuple[str, str]] = []
         jax.monitoring.register_event_duration_secs_listener(self._listen)
 
     def _listen(self, event, duration, **kwargs):
@@ -56,6 +59,7 @@ class CompileLog:
             name = str(kwargs.get("fun_name"))
             self.names[name] += 1
             self.events.append((name, _caller_module()))
+            self.threads.append((name, threading.current_thread().name))
 
     def ours(self) -> Counter:
         """Compilations of the kernel's and the driver's own programs."""

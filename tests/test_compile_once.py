@@ -2,6 +2,7 @@
 the compiled warmup, block and init functions (counted through
 ``jax.monitoring``'s backend-compile events, by function name)."""
 
+import threading
 from collections import Counter
 
 import jax
@@ -170,6 +171,32 @@ def test_run_set_up_compiles_no_one_op_programs():
     )
     mcmc.run(jax.random.PRNGKey(3), np.linspace(-1.0, 1.0, 10))
     events = LOG.events[before:]
+    # the kernel's programs compile in the driver's threads, the rest here
+    assert "jit(init_one)" in {name for name, _ in events}
     ours = Counter(name for name, where in events if where.startswith("numpyro_deer"))
-    assert "jit(init_one)" in ours
     assert set(ours) <= SETUP_PROGRAMS, ours
+
+
+def _warmup_first_model(y, sigma):
+    """``gaussian_mean_model`` under another function: its own compile key."""
+    gaussian_mean_model(y, sigma)
+
+
+def test_initial_state_compiles_beside_the_programs_from_their_shapes():
+    # the initial state's program compiles in the driver's threads, beside
+    # the warmup loop, and the programs lowered from its output's shapes are
+    # those a run after warmup() lowers from the warmed-up state: a fresh run
+    # of another MCMC object compiles nothing
+    args, kwargs = gaussian_data(3.0)
+    before = len(LOG.threads)
+    mcmc = MCMC(DEERMALA(_warmup_first_model, block_size=16), **SETTINGS)
+    mcmc.progress_bar = False
+    mcmc.warmup(jax.random.PRNGKey(0), *args, **kwargs)
+    mcmc.run(mcmc.post_warmup_state.rng_key, *args, **kwargs)
+    threads = dict(LOG.threads[before:])
+    assert threads["jit(init_one)"] != threading.main_thread().name
+    again = MCMC(DEERMALA(_warmup_first_model, block_size=16), **SETTINGS)
+    again.progress_bar = False
+    mark = LOG.ours()
+    again.run(jax.random.PRNGKey(1), *args, **kwargs)
+    assert LOG.ours() - mark == Counter()

@@ -161,18 +161,9 @@ class MCMC(numpyro.infer.MCMC):
             )
         compat.check_mcmc_internals(self)
         rng_key, init_state, init_params = init
-        if init_state is None or getattr(self.sampler, "_sample_fn", None) is None:
-            if hasattr(self.sampler, "fit_block_size"):
-                # NumPyro's num_samples counts the steps, thinning included
-                self.sampler.fit_block_size(self.num_samples)
-            new_state = self.sampler.init(
-                rng_key,
-                self.num_warmup,
-                init_params,
-                model_args=args,
-                model_kwargs=kwargs,
-            )
-            init_state = new_state if init_state is None else init_state
+        init_state, init_program = self._initial_state(
+            rng_key, init_state, init_params, args, kwargs
+        )
         lower, upper, size, phase = compat.collection_params(self)
         thinning = self.thinning
         size = (upper - lower) // thinning if size is None else size // thinning
@@ -227,10 +218,45 @@ class MCMC(numpyro.infer.MCMC):
                     batched,
                     choose,
                     checked,
+                    init_program,
                 )
         if len(collect_fields) == 1:
             collection = (collection,)
         return dict(zip(collect_fields, collection, strict=True)), state
+
+    def _initial_state(self, rng_key, init_state, init_params, args, kwargs):
+        """``(state, init_program)``: the run's initial state, and how to
+        compute it if that is left to the run.
+
+        A block kernel starting afresh on the host (no state given, no mesh,
+        not inside ``pmap``) gives ``init_program`` (``(program, arguments)``,
+        see :meth:`~numpyro_deer.infer.kernel._DEERKernel.init_program`) and
+        ``state`` holds only its shapes and dtypes: :meth:`_run_on_host`
+        compiles the program beside the warmup loop and the blocks, whose
+        compiles start from those shapes. Otherwise ``init_program`` is
+        ``None``.
+        """
+        kernel = self.sampler
+        if init_state is not None and getattr(kernel, "_sample_fn", None) is not None:
+            return init_state, None
+        if hasattr(kernel, "fit_block_size"):
+            # NumPyro's num_samples counts the steps, thinning included
+            kernel.fit_block_size(self.num_samples)
+        data = {"model_args": args, "model_kwargs": kwargs}
+        if (
+            init_state is None
+            and hasattr(kernel, "init_program")
+            and getattr(kernel, "mesh", None) is None
+            and not isinstance(rng_key, jax.core.Tracer)
+        ):
+            program, arguments = kernel.init_program(
+                rng_key, self.num_warmup, init_params, **data
+            )
+            with translate_tracer_errors():
+                shapes = jax.eval_shape(program, *arguments)
+            return shapes, (program, arguments)
+        state = kernel.init(rng_key, self.num_warmup, init_params, **data)
+        return (state if init_state is None else init_state), None
 
     def _check_block_memory(self, name: str, compiled, checked: set) -> None:
         """Compare a compiled block program's memory with the device's.
@@ -252,18 +278,22 @@ class MCMC(numpyro.infer.MCMC):
         checked.add(name)
 
     def _lower_programs(
-        self, warmup_fn, loop_fns, methods, trial, state, collection, trace,
-        n_warmup, total, start, dynamic,
+        self, init_program, warmup_fn, loop_fns, methods, trial, state, collection,
+        trace, n_warmup, total, start, dynamic,
     ):  # fmt: skip
         """The programs of a run, lowered (traced to StableHLO) one by one:
         yields ``(name, lowered)`` in the order the run needs them.
 
+        ``"init"`` (the initial state, if ``init_program`` is given),
         ``"warmup"`` (the warmup loop, unless ``warmup_fn`` is ``None``), then
         a block step per name in ``methods``, each traced with that method if
         ``trial`` (``method="auto"`` measuring both).
         """
         kernel = self.sampler
         zero = i32(0)
+        if init_program is not None:
+            program, arguments = init_program
+            yield "init", program.lower(*arguments)
         if warmup_fn is not None:
             yield (
                 "warmup",
@@ -284,6 +314,8 @@ class MCMC(numpyro.infer.MCMC):
         """Loop iterations that are warmup steps for this ``run``."""
         if isinstance(state.i, jax.core.Tracer):
             start = self.num_warmup if compat.has_post_warmup_state(self) else 0
+        elif isinstance(state.i, jax.ShapeDtypeStruct):
+            start = 0  # a fresh state, still to compute (see _initial_state)
         else:
             start = int(np.min(np.asarray(state.i)))
         return max(0, min(upper, self.num_warmup - start))
@@ -304,12 +336,11 @@ class MCMC(numpyro.infer.MCMC):
             return False
         choice = device_choice()
         size = loops.buffer_size(state, batched)
-        if (
-            choice.method == "sequential"
-            or traced
-            or total < 2 * size
-            or not bool(loops.all_need_refill(state, batched))
-        ):
+        # a fresh state (still to compute, see _initial_state) needs one
+        fresh = isinstance(state.i, jax.ShapeDtypeStruct) or bool(
+            loops.all_need_refill(state, batched)
+        )
+        if choice.method == "sequential" or traced or total < 2 * size or not fresh:
             if current is None:
                 self._choose(choice)
             return False
@@ -340,13 +371,16 @@ class MCMC(numpyro.infer.MCMC):
         batched,
         choose,
         checked,
+        init_program,
     ):
         """Warmup in chunks, then one block per call, from the host.
 
-        The warmup loop and the block programs are lowered, then compiled in
-        the background, side by side (:class:`~numpyro_deer.infer.host_run.Programs`);
-        each runs as soon as its own compile is done, and a block program's
-        memory is checked before its first block. The progress bar advances
+        The initial state's program (``init_program``, if the state is still
+        to compute: ``state`` holds its shapes), the warmup loop and the block
+        programs are lowered, then compiled in the background, side by side
+        (:class:`~numpyro_deer.infer.host_run.Programs`); each runs as soon as
+        its own compile is done, and a block program's memory is checked
+        before its first block. The progress bar advances
         after each warmup chunk and each block. To measure the methods of
         ``method="auto"`` (``choose``) the first block after warmup is computed
         sequentially, the first block after the DEER program is compiled with
@@ -364,8 +398,9 @@ class MCMC(numpyro.infer.MCMC):
             if stages:
                 progress.compiling(" and ".join(stages))
             lowered = self._lower_programs(
-                warmup_fn if n_warmup else None, loop_fns, methods, bool(trials),
-                state, collection, trace, n_warmup, total, start, dynamic,
+                init_program, warmup_fn if n_warmup else None, loop_fns, methods,
+                bool(trials), state, collection, trace, n_warmup, total, start,
+                dynamic,
             )  # fmt: skip
             programs = Programs(
                 lowered,
@@ -373,6 +408,8 @@ class MCMC(numpyro.infer.MCMC):
                 partial(self._check_block_memory, checked=checked),
                 placed=getattr(kernel, "mesh", None) is not None,
             )
+            if init_program is not None:
+                state = kernel.initialized(programs("init", *init_program[1]))
             if n_warmup:
                 state, collection, trace = run_warmup(
                     programs, progress, (state, collection, trace), n_warmup,

@@ -24,14 +24,17 @@ from . import compile_cache, loops
 from .method import MethodChoice, measured_choice, pending_choice
 from .progress import Progress, block_postfix, next_chunk, warmup_postfix
 
+# what the progress bar calls the programs that are not block steps
+_STAGES = {"init": "the initial state", "warmup": "warmup"}
+
 
 class Programs:
     """A run's programs by name, compiling in the background.
 
     Args:
-        lowered: ``(name, lowered program)`` pairs (``"warmup"``, or a
-            method's name for a block step), each compile started as soon as
-            its program is lowered.
+        lowered: ``(name, lowered program)`` pairs (``"init"``, ``"warmup"``,
+            or a method's name for a block step), each compile started as
+            soon as its program is lowered.
         progress: the run's progress bar; says what the run waits for.
         check_memory: ``check_memory(name, compiled)`` for a block program,
             called once before it first runs (raises if it does not fit).
@@ -61,9 +64,9 @@ class Programs:
         """The compiled program ``name``, waiting for its compile."""
         if name not in self._compiled:
             if not self._compiling[name].done():
-                self._progress.compiling(name if name == "warmup" else f"{name} blocks")
+                self._progress.compiling(_STAGES.get(name, f"{name} blocks"))
             compiled = self._compiling[name].result()
-            if name != "warmup":
+            if name not in _STAGES:
                 self._check_memory(name, compiled)
             self._compiled[name] = compiled
         return self._compiled[name]

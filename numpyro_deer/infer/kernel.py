@@ -302,6 +302,22 @@ class _DEERKernel(MCMCKernel):
         return params if init_params is None else init_params
 
     def init(self, rng_key, num_warmup, init_params, model_args, model_kwargs):
+        program, arguments = self.init_program(
+            rng_key, num_warmup, init_params, model_args, model_kwargs
+        )
+        return self.initialized(program(*arguments))
+
+    def init_program(
+        self, rng_key, num_warmup, init_params, model_args, model_kwargs
+    ) -> tuple[Callable, tuple]:
+        """:meth:`init` up to the initial state: ``(program, arguments)``,
+        ``program(*arguments)`` the jitted computation of the state, which
+        :meth:`initialized` finishes.
+
+        NumPyro's search for the initial values and the model checks run
+        here. :class:`numpyro_deer.MCMC` compiles the program beside the run's
+        other programs, whose shapes it knows from the program's output.
+        """
         self._num_warmup = num_warmup
         self._warned_unconverged = False
         self._warned_slow_driver = False
@@ -346,11 +362,18 @@ class _DEERKernel(MCMCKernel):
             ("init", self.compile_key(), vectorized, static),
             lambda: self._build_init(static, vectorized),
         )
-        with self._precision():
-            state = init_fn(init_params, rng_key, dynamic)
-        if self._mesh is not None:
-            state = self._mesh.place(state, chains=vectorized)
         self._sample_fn = partial(self._sample, batched=vectorized)
+        return init_fn, (init_params, rng_key, dynamic)
+
+    def initialized(self, state):
+        """The state :meth:`init_program`'s program computed, placed over the
+        mesh (if any) and checked: its potential energy must be finite.
+
+        Raises:
+            ValueError: a chain's initial potential energy is not finite.
+        """
+        if self._mesh is not None:
+            state = self._mesh.place(state, chains=jnp.ndim(state.i) > 0)
         check_initial_potential(state.potential_energy)
         return state
 
@@ -366,14 +389,15 @@ class _DEERKernel(MCMCKernel):
             args, kwargs = compile_cache.join_model_args(static, dynamic)
             potential_flat = kernel._potential_flat(args, kwargs)
             adapter_init, _ = kernel._adapter(potential_flat)
-            return initial_state(
-                params,
-                key,
-                potential_flat,
-                adapter_init,
-                kernel._step_size,
-                kernel._run_block_size,
-            )
+            with kernel._precision():
+                return initial_state(
+                    params,
+                    key,
+                    potential_flat,
+                    adapter_init,
+                    kernel._step_size,
+                    kernel._run_block_size,
+                )
 
         if vectorized:
             return compile_cache.jit(jax.vmap(init_one, in_axes=(0, 0, None)))
