@@ -255,3 +255,37 @@ def test_warmup_chunks_aim_at_a_few_seconds():
     # 1000 steps per second: about UPDATE_SECONDS worth
     assert next_chunk(500, 5000, 0.5, 500) == int(1000 * UPDATE_SECONDS)
     assert next_chunk(900, 7, 0.5, 500) == 7
+
+
+def test_auto_falls_back_to_sequential_where_deer_does_not_fit(accelerator):
+    """A DEER block larger than the device's free memory (the memory check
+    raises for it alone): ``method="auto"`` keeps the sequential scan, says
+    why, and the run gives the sequential chain; ``method="deer"`` raises."""
+    check = MCMC._check_block_memory
+
+    def deer_too_large(self, name, compiled, checked):
+        if name == "deer":
+            raise ValueError("DEERMALA(block_size=32) needs about 9.00 GiB")
+        return check(self, name, compiled, checked)
+
+    accelerator.setattr(compile_cache, "compile_in_background", compiled_now)
+    accelerator.setattr(MCMC, "_check_block_memory", deer_too_large)
+    settings = dict(num_warmup=50, num_samples=128, progress_bar=False)
+    args, kwargs = gaussian_data(1.0)
+    kernel = DEERMALA(gaussian_mean_model, block_size=32)
+    mcmc = MCMC(kernel, **settings)
+    mcmc.run(jax.random.PRNGKey(1), *args, **kwargs)
+    choice = kernel.method_choice
+    assert kernel.method_chosen == "sequential" and choice.final
+    assert "does not fit" in choice.reason and "9.00 GiB" in choice.reason
+    assert set(choice.seconds) == {"sequential"}
+    reference = MCMC(
+        DEERMALA(gaussian_mean_model, block_size=32, method="sequential"), **settings
+    )
+    reference.run(jax.random.PRNGKey(1), *args, **kwargs)
+    np.testing.assert_allclose(
+        mcmc.get_samples()["mu"], reference.get_samples()["mu"], rtol=1e-8
+    )
+    deer = DEERMALA(gaussian_mean_model, block_size=32, method="deer")
+    with pytest.raises(ValueError, match="9.00 GiB"):
+        MCMC(deer, **settings).run(jax.random.PRNGKey(1), *args, **kwargs)

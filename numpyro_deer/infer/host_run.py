@@ -21,7 +21,7 @@ import jax
 import numpy as np
 
 from . import compile_cache, loops
-from .method import MethodChoice, measured_choice, pending_choice
+from .method import MethodChoice, measured_choice, pending_choice, unfit_choice
 from .progress import Progress, block_postfix, next_chunk, warmup_postfix
 
 # what the progress bar calls the programs that are not block steps
@@ -114,7 +114,8 @@ def run_blocks(
     With ``trials`` (``["sequential", "deer"]``, ``method="auto"`` measuring
     both), each method's first block is timed on its own (:func:`next_method`
     picks it) and ``choose`` receives the faster; a run that ends before DEER
-    is compiled passes a provisional choice.
+    is compiled passes a provisional choice, and where DEER's compiled block
+    does not fit the device's free memory the sequential scan is chosen.
     """
     state, collection = carry
     chains = int(np.size(state.i))
@@ -125,7 +126,13 @@ def run_blocks(
     steps = 0
     while int(done) < total and steps < limit:
         name = next_method(trials, timings, programs, kernel)
-        programs.get(name)
+        try:
+            programs.get(name)
+        except ValueError as err:  # the memory check's
+            if name != "deer" or not trials:
+                raise
+            choose(unfit_choice(str(err), timings, size))
+            trials, name = [], "sequential"
         if steps == 0:
             progress.running("sample")
         before = int(done)

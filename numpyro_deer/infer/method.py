@@ -105,6 +105,18 @@ def pending_choice(seconds: dict, block_size: int) -> MethodChoice:
     )
 
 
+def unfit_choice(message: str, seconds: dict, block_size: int) -> MethodChoice:
+    """The sequential scan: DEER's block needs more memory than the device
+    has free (``message``, the memory check's; ``seconds`` holds the
+    sequential scan's time)."""
+    return MethodChoice(
+        "sequential",
+        f"deer's block does not fit the device's free memory ({message}); "
+        f"{_per_block(seconds, block_size)}",
+        dict(seconds),
+    )
+
+
 def fitted_block_size(block_size: int, num_steps: int) -> int:
     """The block size for a run of ``num_steps`` sampling steps per chain.
 
