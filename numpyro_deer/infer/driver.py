@@ -44,7 +44,14 @@ from .convergence import (
     reraise_convergence_error,
     warn_unconverged,
 )
-from .host_run import Programs, i32, kernel_method, run_blocks, run_warmup
+from .host_run import (
+    Programs,
+    i32,
+    kernel_method,
+    lower_programs,
+    run_blocks,
+    run_warmup,
+)
 from .method import device_choice
 from .progress import Progress
 from .transit import WarmupTransitWarning, warmup_transit
@@ -277,39 +284,6 @@ class MCMC(numpyro.infer.MCMC):
         )
         checked.add(name)
 
-    def _lower_programs(
-        self, init_program, warmup_fn, loop_fns, methods, trial, state, collection,
-        trace, n_warmup, total, start, dynamic,
-    ):  # fmt: skip
-        """The programs of a run, lowered (traced to StableHLO) one by one:
-        yields ``(name, lowered)`` in the order the run needs them.
-
-        ``"init"`` (the initial state, if ``init_program`` is given),
-        ``"warmup"`` (the warmup loop, unless ``warmup_fn`` is ``None``), then
-        a block step per name in ``methods``, each traced with that method if
-        ``trial`` (``method="auto"`` measuring both).
-        """
-        kernel = self.sampler
-        zero = i32(0)
-        if init_program is not None:
-            program, arguments = init_program
-            yield "init", program.lower(*arguments)
-        if warmup_fn is not None:
-            yield (
-                "warmup",
-                warmup_fn.lower(state, collection, trace, zero, i32(1), start, dynamic),
-            )
-        for name in methods:
-            kernel._trial_method = name if trial else None
-            try:
-                lowered = loop_fns()[1].lower(
-                    state, collection, zero, (zero, zero, zero), i32(n_warmup),
-                    i32(total), start, dynamic,
-                )  # fmt: skip
-            finally:
-                kernel._trial_method = None
-            yield name, lowered
-
     def _num_warmup_iterations(self, state, upper: int) -> int:
         """Loop iterations that are warmup steps for this ``run``."""
         if isinstance(state.i, jax.core.Tracer):
@@ -397,10 +371,10 @@ class MCMC(numpyro.infer.MCMC):
         with Progress(n_warmup + total, self.progress_bar, phase) as progress:
             if stages:
                 progress.compiling(" and ".join(stages))
-            lowered = self._lower_programs(
-                init_program, warmup_fn if n_warmup else None, loop_fns, methods,
-                bool(trials), state, collection, trace, n_warmup, total, start,
-                dynamic,
+            lowered = lower_programs(
+                kernel, init_program, warmup_fn if n_warmup else None, loop_fns,
+                methods, bool(trials), state, collection, trace, n_warmup, total,
+                start, dynamic,
             )  # fmt: skip
             programs = Programs(
                 lowered,

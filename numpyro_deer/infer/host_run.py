@@ -1,10 +1,12 @@
 """A block kernel's run from the host: programs compiled in the background,
 warmup in chunks, then one block per call.
 
-:class:`Programs` holds a run's compiled programs by name (the warmup loop and
-a block step per method), compiling side by side in threads
-(:func:`~numpyro_deer.infer.compile_cache.compile_in_background`); each is
-waited for when first run, so warmup runs while the blocks still compile.
+:func:`lower_programs` lowers a run's programs one by one (the initial
+state, the warmup loop, a block step per method); :class:`Programs` holds them
+by name, compiling side by side in threads
+(:func:`~numpyro_deer.infer.compile_cache.compile_in_background`), each
+compile started as soon as its program is lowered; each is waited for when
+first run, so warmup runs while the blocks still compile.
 :func:`run_warmup` advances warmup in chunks sized for the progress bar;
 :func:`run_blocks` computes one block per call and, for ``method="auto"``,
 measures both methods (:func:`next_method`). The driver,
@@ -76,6 +78,40 @@ class Programs:
         if self._placed:
             args = jax.device_put(args, program.input_shardings[0])
         return program(*args)
+
+
+def lower_programs(
+    kernel, init_program, warmup_fn, loop_fns, methods, trial, state, collection,
+    trace, n_warmup, total, start, dynamic,
+):  # fmt: skip
+    """The programs of a run, lowered (traced to StableHLO) one by one:
+    yields ``(name, lowered)`` in the order the run needs them.
+
+    ``"init"`` (the initial state, if ``init_program`` is given),
+    ``"warmup"`` (the warmup loop, unless ``warmup_fn`` is ``None``), then
+    a block step per name in ``methods``, each traced with that method if
+    ``trial`` (``method="auto"`` measuring both); ``loop_fns()`` gives the
+    run's loop functions (the block step traced with ``kernel``'s method).
+    """
+    zero = i32(0)
+    if init_program is not None:
+        program, arguments = init_program
+        yield "init", program.lower(*arguments)
+    if warmup_fn is not None:
+        yield (
+            "warmup",
+            warmup_fn.lower(state, collection, trace, zero, i32(1), start, dynamic),
+        )
+    for name in methods:
+        kernel._trial_method = name if trial else None
+        try:
+            lowered = loop_fns()[1].lower(
+                state, collection, zero, (zero, zero, zero), i32(n_warmup),
+                i32(total), start, dynamic,
+            )  # fmt: skip
+        finally:
+            kernel._trial_method = None
+        yield name, lowered
 
 
 def run_warmup(programs: Programs, progress: Progress, carry, n_warmup, start, dynamic):
