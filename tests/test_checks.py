@@ -233,3 +233,25 @@ def test_translate_tracer_errors_as_decorator() -> None:
 
     with pytest.raises(UnsupportedModelError, match="TracerBoolConversionError"):
         energy(jnp.array(1.0))
+
+
+@pytest.mark.parametrize("stock", [False, True])
+def test_non_finite_initial_potential_is_an_error(stock) -> None:
+    # numpyro_deer.MCMC computes the initial state in the run (beside the
+    # other programs' compiles), stock MCMC in the kernel's init: both raise
+    from numpyro.infer import MCMC as StockMCMC
+
+    from numpyro_deer import DEERMALA, MCMC
+
+    def potential(z):
+        return jnp.sum(z["x"] ** 2) + jnp.log(z["x"][0] - 1.0)  # log of -1
+
+    driver = StockMCMC if stock else MCMC
+    mcmc = driver(
+        DEERMALA(potential_fn=potential, block_size=8),
+        num_warmup=5,
+        num_samples=8,
+        progress_bar=False,
+    )
+    with pytest.raises(ValueError, match="potential energy at the initial parameters"):
+        mcmc.run(jax.random.PRNGKey(0), init_params={"x": jnp.zeros(3)})
