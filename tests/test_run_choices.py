@@ -289,3 +289,30 @@ def test_auto_falls_back_to_sequential_where_deer_does_not_fit(accelerator):
     deer = DEERMALA(gaussian_mean_model, block_size=32, method="deer")
     with pytest.raises(ValueError, match="9.00 GiB"):
         MCMC(deer, **settings).run(jax.random.PRNGKey(1), *args, **kwargs)
+
+
+@pytest.mark.parametrize("device", ["cpu", "accelerator"])
+def test_auto_with_chains_in_pmap_takes_the_device_rule(device, monkeypatch):
+    """Inside ``pmap`` (``chain_method="parallel"``) nothing is timed: the
+    default ``method="auto"`` takes the device's rule without looking at the
+    (traced) state."""
+    if device == "accelerator":
+        monkeypatch.setattr(
+            driver, "device_choice", lambda: MethodChoice("deer", "test", {})
+        )
+        monkeypatch.setattr(kernel_module, "device_method", lambda: "deer")
+    args, kwargs = gaussian_data(1.0)
+    kernel = DEERMALA(gaussian_mean_model, block_size=32)
+    mcmc = MCMC(
+        kernel,
+        num_warmup=40,
+        num_samples=64,
+        num_chains=2,
+        chain_method="parallel",
+        progress_bar=False,
+    )
+    mcmc.run(jax.random.PRNGKey(5), *args, **kwargs)
+    assert mcmc.get_samples(group_by_chain=True)["mu"].shape == (2, 64)
+    expected = "sequential" if device == "cpu" else "deer"
+    assert kernel.method_chosen == expected
+    assert kernel.method_choice.seconds == {}

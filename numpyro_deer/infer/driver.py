@@ -310,11 +310,16 @@ class MCMC(numpyro.infer.MCMC):
             return False
         choice = device_choice()
         size = loops.buffer_size(state, batched)
-        # a fresh state (still to compute, see _initial_state) needs one
-        fresh = isinstance(state.i, jax.ShapeDtypeStruct) or bool(
-            loops.all_need_refill(state, batched)
-        )
-        if choice.method == "sequential" or traced or total < 2 * size or not fresh:
+        if (
+            choice.method == "sequential"
+            or traced
+            or total < 2 * size
+            # a fresh state (still to compute, see _initial_state) needs one
+            or not (
+                isinstance(state.i, jax.ShapeDtypeStruct)
+                or bool(loops.all_need_refill(state, batched))
+            )
+        ):
             if current is None:
                 self._choose(choice)
             return False
