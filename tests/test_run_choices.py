@@ -292,15 +292,12 @@ def test_auto_falls_back_to_sequential_where_deer_does_not_fit(accelerator):
 
 
 @pytest.mark.parametrize("device", ["cpu", "accelerator"])
-def test_auto_with_chains_in_pmap_takes_the_device_rule(device, monkeypatch):
+def test_auto_with_chains_in_pmap_takes_the_device_rule(device, request):
     """Inside ``pmap`` (``chain_method="parallel"``) nothing is timed: the
     default ``method="auto"`` takes the device's rule without looking at the
     (traced) state."""
     if device == "accelerator":
-        monkeypatch.setattr(
-            driver, "device_choice", lambda: MethodChoice("deer", "test", {})
-        )
-        monkeypatch.setattr(kernel_module, "device_method", lambda: "deer")
+        request.getfixturevalue("accelerator")
     args, kwargs = gaussian_data(1.0)
     kernel = DEERMALA(gaussian_mean_model, block_size=32)
     mcmc = MCMC(
