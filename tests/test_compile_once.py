@@ -143,18 +143,14 @@ def _unshared_model(y):
 
 
 # the kernel's and the driver's programs, and the few small programs the
-# set-up compiles itself: the first chain's values of NumPyro's batch of one,
-# the zero collection, whether the blocks need a refill (method="auto" on an
-# accelerator), and the split of the run's key
+# set-up compiles itself: the zero collection and whether the blocks need a
+# refill (method="auto" on an accelerator)
 SETUP_PROGRAMS = {
     "jit(init_one)",
     "jit(warmup_loop)",
     "jit(block_step)",
-    "jit(_first)",
     "jit(_zeros)",
     "jit(all_need_refill)",
-    "jit(_threefry_split)",
-    "jit(unstack)",
 }
 
 

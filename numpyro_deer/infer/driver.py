@@ -260,7 +260,7 @@ class MCMC(numpyro.infer.MCMC):
                 rng_key, self.num_warmup, init_params, **data
             )
             with translate_tracer_errors():
-                shapes = jax.eval_shape(program, *arguments)
+                shapes, _ = jax.eval_shape(program, *arguments)
             return shapes, (program, arguments)
         state = kernel.init(rng_key, self.num_warmup, init_params, **data)
         return (state if init_state is None else init_state), None

@@ -1,19 +1,22 @@
-"""A kernel's starting point: the model's initial values and the initial state.
+"""A kernel's starting point: the model's potential, initial values and state.
 
-:func:`initialize` runs NumPyro's ``initialize_model`` (``dynamic_args=True``,
-so the potential is built from whatever arguments a later call passes) after
-the kernel's model checks, and says which sites to look at when no valid
-initial point exists. :func:`starting_params` gives each chain its initial
-values (the user's or the model's). :func:`initial_state` is the kernel state
-before the first warmup step: NumPyro's ``warmup_adapter`` initialised (its
-step size search included), an empty block buffer, and the curvature points
-all at the initial point.
+:func:`initialize` traces the kernel's model checks and NumPyro's
+``initialize_model`` (``dynamic_args=True``, so the potential is built from
+whatever arguments a later call passes) abstractly, compiling nothing.
+:func:`find_initial_params` is NumPyro's search for initial values as a
+traceable function, run inside the compiled initial state;
+:func:`check_initial_values` raises when it found none. :func:`initial_state`
+is the kernel state before the first warmup step: NumPyro's
+``warmup_adapter`` initialised (its step size search included), an empty block
+buffer, and the curvature points all at the initial point.
 """
 
 from __future__ import annotations
 
+import types
 from collections.abc import Callable
-from typing import Any
+from functools import partial
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -21,11 +24,19 @@ import numpy as np
 from jax import Array
 from jax.flatten_util import ravel_pytree
 from numpyro.infer.util import initialize_model
-from numpyro.util import is_prng_key, not_jax_tracer
 
 from .block import NUM_CURVATURE_POINTS, DEERMALAState, empty_block
-from .chains import float_params, has_chain_axis
-from .checks import check_model, non_finite_sites_message, translate_tracer_errors
+from .checks import check_model, translate_tracer_errors
+
+
+class ModelPotential(NamedTuple):
+    """What :func:`initialize` gives: the model's potential and postprocessing
+    (NumPyro's, with ``dynamic_args=True``: built from the arguments a call
+    passes) and the shapes and dtypes of one chain's unconstrained values."""
+
+    potential_fn_gen: Callable
+    postprocess_fn: Callable
+    shapes: Any
 
 
 def initialize(
@@ -35,112 +46,153 @@ def initialize(
     model_kwargs: dict | None,
     init_strategy: Callable,
     validate_model: bool = True,
-) -> tuple[Any, Callable, Callable]:
-    """``(params, potential_fn_gen, postprocess_fn)`` of ``model``.
+) -> ModelPotential:
+    """The model checks and NumPyro's ``initialize_model``, traced abstractly.
 
-    ``params`` are the unconstrained initial values NumPyro's search found
-    (with a leading chain axis when ``rng_key`` is a batch of keys). A single
-    key is passed to NumPyro as a batch of one: NumPyro then searches in one
-    compiled loop (the same first draw) instead of running the model and its
-    gradient operation by operation, each operation compiled alone, which cost
-    about 2.5 s more on the CPU (eight schools).
+    Both run under :func:`jax.eval_shape`, with the key as its argument: the
+    model is traced, not run, so none of its operations compiles a program
+    of its own (run eagerly, each operation of the model, of its gradient and
+    of NumPyro's search compiled alone, 2-9 s on the CPU for the benchmark
+    models against 0.1-0.5 s traced). The initial values themselves come from
+    :func:`find_initial_params`, inside the compiled initial state.
+
+    Functions traced this way must not hold on to the trace's values. NumPyro
+    keeps values of the model's trace for its potential (``param`` sites) and
+    postprocessing (transforms with array parameters); when anything reachable
+    from them is a tracer, the set-up is run again eagerly, from the key
+    ``rng_key`` (a chain's key; the values of ``param`` sites come from it).
 
     Raises:
-        UnsupportedModelError: from :func:`check_model` (``validate_model``).
-        RuntimeError: no valid initial point, with the sites whose log density
-            is not finite.
+        UnsupportedModelError: from :func:`check_model` (``validate_model``),
+            or Python control flow on a latent value.
     """
-    if validate_model:
-        check_model(model, model_args, model_kwargs, rng_key)
-    single = is_prng_key(rng_key) and not_jax_tracer(rng_key)
+    found = []
+
+    def set_up(key):
+        if validate_model:
+            check_model(model, model_args, model_kwargs, key)
+        info, potential_fn_gen, postprocess_fn, _ = initialize_model(
+            key,
+            model,
+            dynamic_args=True,
+            init_strategy=init_strategy,
+            model_args=model_args,
+            model_kwargs=model_kwargs,
+        )
+        found.append((potential_fn_gen, postprocess_fn))
+        return info[0]
+
+    key = jax.ShapeDtypeStruct((2,), jnp.uint32)  # a key, traced
+    with translate_tracer_errors():
+        shapes = jax.eval_shape(set_up, key)
+    if not holds_tracer(found[0]):
+        return ModelPotential(*found[0], shapes)
+    key_model = jax.random.split(rng_key)[1]  # the search's key
+    with translate_tracer_errors():
+        # the batch of one makes NumPyro search in one compiled loop, not
+        # operation by operation; its values are not used
+        _, potential_fn_gen, postprocess_fn, _ = initialize_model(
+            key_model[None],
+            model,
+            dynamic_args=True,
+            init_strategy=init_strategy,
+            model_args=model_args,
+            model_kwargs=model_kwargs,
+        )
+    return ModelPotential(potential_fn_gen, postprocess_fn, shapes)
+
+
+def holds_tracer(root: Any, max_depth: int = 32) -> bool:
+    """Whether a JAX tracer is reachable from ``root`` through containers,
+    ``functools.partial`` objects, closures and object attributes."""
+    seen = set()
+    stack = [(root, 0)]
+    while stack:
+        obj, depth = stack.pop()
+        if isinstance(obj, jax.core.Tracer):
+            return True
+        if isinstance(obj, (np.ndarray, jax.Array)):
+            continue
+        if depth > max_depth or id(obj) in seen or isinstance(obj, _LEAVES):
+            continue
+        seen.add(id(obj))
+        if isinstance(obj, dict):
+            children = list(obj.values())
+        elif isinstance(obj, (list, tuple, set, frozenset)):
+            children = list(obj)
+        elif isinstance(obj, partial):
+            children = [obj.func, *obj.args, *obj.keywords.values()]
+        elif isinstance(obj, types.MethodType):
+            children = [obj.__func__, obj.__self__]
+        elif isinstance(obj, types.FunctionType):
+            cells = obj.__closure__ or ()
+            children = [c.cell_contents for c in cells if _filled(c)]
+            children += list(obj.__defaults__ or ())
+        else:
+            children = list(getattr(obj, "__dict__", {}).values())
+            slots = getattr(type(obj), "__slots__", ())
+            slots = (slots,) if isinstance(slots, str) else slots or ()
+            children += [getattr(obj, name, None) for name in slots]
+        stack.extend((child, depth + 1) for child in children)
+    return False
+
+
+_LEAVES = (str, bytes, int, float, complex, bool, type(None), type, types.ModuleType)
+
+
+def _filled(cell) -> bool:
     try:
-        with translate_tracer_errors():
-            params_info, potential_fn_gen, postprocess_fn, _ = initialize_model(
-                _batch_of_one(rng_key) if single else rng_key,
-                model,
-                dynamic_args=True,
-                init_strategy=init_strategy,
-                model_args=model_args,
-                model_kwargs=model_kwargs,
-            )
-    except RuntimeError as err:
-        if "Cannot find valid initial parameters" not in str(err):
-            raise
-        raise RuntimeError(
-            str(err)
-            + " "
-            + non_finite_sites_message(model, model_args, model_kwargs, rng_key)
-        ) from err
-    params = params_info[0]
-    if single:
-        params = _first(params)
-    return params, potential_fn_gen, postprocess_fn
+        cell.cell_contents  # noqa: B018 - raises for an empty cell
+    except ValueError:
+        return False
+    return True
 
 
-def _batch_of_one(rng_key: Array) -> Array:
-    """A concrete key as a batch of one key.
+def find_initial_params(
+    model: Callable, init_strategy: Callable
+) -> Callable[[Array, tuple, dict], tuple[Any, Array]]:
+    """``search(key, args, kwargs) -> (params, valid)``: NumPyro's search for
+    initial values, to be traced inside a compiled program.
 
-    A raw key (``uint32`` words) goes as a numpy array: NumPyro takes its
-    first key back out (``rng_key[0]``), and on numpy neither step compiles a
-    program. A typed key (``jax.random.key``) is indexed as a JAX array.
+    ``params`` are the unconstrained values ``initialize_model`` finds from
+    ``key`` (up to 100 draws from ``init_strategy``; the same values as an
+    eager search with that key), ``valid`` whether their potential energy and
+    its gradient are finite (NumPyro raises when they are not; traced, the
+    caller checks ``valid``).
     """
-    if jnp.issubdtype(rng_key.dtype, jax.dtypes.prng_key):
-        return rng_key[None]
-    return np.asarray(rng_key)[None]
 
-
-@jax.jit
-def _split_chain_keys(rng_key: Array) -> tuple[Array, Array, Array]:
-    """``(keys left, keys of the model, first key of the model)``: each
-    chain's key split in two, in one compiled program rather than a program
-    per operation."""
-    rng_key, key_model = jnp.swapaxes(jax.vmap(jax.random.split)(rng_key), 0, 1)
-    return rng_key, key_model, key_model[0]
-
-
-@jax.jit
-def _first(tree: Any) -> Any:
-    """The first entry of every leaf: one compiled program per structure and
-    shapes, where indexing each leaf compiles one per leaf shape."""
-    return jax.tree.map(lambda x: x[0], tree)
-
-
-def starting_params(
-    init_model: Callable,
-    rng_key: Array,
-    model_args: tuple,
-    model_kwargs: dict | None,
-    init_params: Any,
-) -> tuple[Array, Any]:
-    """``(rng_key, params)``: the key left for the chain(s), and float params.
-
-    ``init_model(key, args, kwargs, init_params)`` gives one chain's initial
-    values (the user's ``init_params`` when given). With a batch of keys
-    (vectorized chains) the chain axis comes from where the values come from:
-    the user's ``init_params`` must carry one (as for NumPyro's kernels), the
-    model's own initialization is vmapped over the chains' keys.
-
-    Raises:
-        ValueError: vectorized ``init_params`` without a leading chain axis.
-    """
-    if is_prng_key(rng_key):
-        rng_key, key_model = jax.random.split(rng_key)
-        params = init_model(key_model, model_args, model_kwargs, init_params)
-        return rng_key, float_params(params)
-    num_chains = rng_key.shape[0]
-    rng_key, key_model, first_key = _split_chain_keys(rng_key)
-    # sets up the potential (and checks the model) once, from the first key
-    params = init_model(first_key, model_args, model_kwargs, init_params)
-    if init_params is None:
-        params = jax.vmap(lambda k: init_model(k, model_args, model_kwargs, None))(
-            key_model
+    def search(key, model_args, model_kwargs):
+        (params, energy, grad), *_ = initialize_model(
+            key,
+            model,
+            dynamic_args=True,
+            init_strategy=init_strategy,
+            model_args=model_args,
+            model_kwargs=model_kwargs,
         )
-    elif not has_chain_axis(params, num_chains):
-        raise ValueError(
-            "init_params for vectorized chains need a leading axis of "
-            f"length num_chains={num_chains} on every site."
-        )
-    return rng_key, float_params(params)
+        valid = jnp.isfinite(energy) & jnp.all(jnp.isfinite(ravel_pytree(grad)[0]))
+        return params, valid
+
+    return search
+
+
+def check_initial_values(valid, message: Callable[[], str]) -> None:
+    """Raise ``RuntimeError`` if NumPyro's search found no valid initial
+    values for some chain (``valid``: one flag per chain, on the host);
+    ``message()`` says which sites to look at."""
+    if isinstance(valid, jax.core.Tracer):
+        return
+    valid = np.asarray(valid)
+    if np.all(valid):
+        return
+    chains = ""
+    if valid.ndim:
+        chains = f" for chain(s) {np.flatnonzero(~valid).tolist()}"
+    raise RuntimeError(
+        f"Cannot find valid initial parameters{chains}: no draw of the "
+        "init_strategy (100 tries) gave a finite potential energy and gradient. "
+        + message()
+    )
 
 
 def initial_state(

@@ -27,14 +27,25 @@ from .arguments import check_kernel_arguments
 from .block import emit_draw, needs_refill, refill_block
 from .chains import (
     check_initial_potential,
+    float_params,
+    has_chain_axis,
     latent_layout,
     map_chains,
     on_cpu,
 )
-from .checks import UnsupportedModelError, translate_tracer_errors
+from .checks import (
+    UnsupportedModelError,
+    non_finite_sites_message,
+    translate_tracer_errors,
+)
 from .convergence import raise_unconverged, warn_unconverged
 from .hessian_mass import resolve_mass_adaptation
-from .initial import initial_state, initialize, starting_params
+from .initial import (
+    check_initial_values,
+    find_initial_params,
+    initial_state,
+    initialize,
+)
 from .memory import check_buffer_memory
 from .mesh import MESH_CHOICE, check_chains, check_mesh, fit_to_mesh
 from .method import (
@@ -131,6 +142,7 @@ class _DEERKernel(MCMCKernel):
         self._potential_fn_gen = None
         self._postprocess_fn = None
         self._unravel = None
+        self._sites_message = None
         self._latent = None
         self._sample_fn = None
         self._warned_unconverged = False
@@ -283,24 +295,6 @@ class _DEERKernel(MCMCKernel):
         )
 
     # -------------------------------------------------------------------- init
-    def _init_model(self, rng_key, model_args, model_kwargs, init_params):
-        if self._model is None:
-            if init_params is None:
-                raise ValueError(
-                    "DEERMALA(potential_fn=...) needs `init_params`: pass them to "
-                    "MCMC.run(rng_key, init_params=...)."
-                )
-            return init_params
-        params, self._potential_fn_gen, self._postprocess_fn = initialize(
-            self._model,
-            rng_key,
-            model_args,
-            model_kwargs,
-            self._init_strategy,
-            self._validate_model,
-        )
-        return params if init_params is None else init_params
-
     def init(self, rng_key, num_warmup, init_params, model_args, model_kwargs):
         program, arguments = self.init_program(
             rng_key, num_warmup, init_params, model_args, model_kwargs
@@ -329,16 +323,41 @@ class _DEERKernel(MCMCKernel):
             )
         )
         vectorized = not is_prng_key(rng_key)
-        check_chains(
-            type(self).__name__,
-            self._mesh,
-            rng_key.shape[0] if vectorized else None,
-            rng_key,
-        )
-        rng_key, init_params = starting_params(
-            self._init_model, rng_key, model_args, model_kwargs, init_params
-        )
-        flat, self._unravel = latent_layout(init_params, vectorized)
+        num_chains = rng_key.shape[0] if vectorized else None
+        check_chains(type(self).__name__, self._mesh, num_chains, rng_key)
+        search = None
+        if self._model is None:
+            if init_params is None:
+                raise ValueError(
+                    "DEERMALA(potential_fn=...) needs `init_params`: pass them to "
+                    "MCMC.run(rng_key, init_params=...)."
+                )
+        else:
+            setup = initialize(
+                self._model,
+                rng_key[0] if vectorized else rng_key,
+                model_args,
+                model_kwargs,
+                self._init_strategy,
+                self._validate_model,
+            )
+            self._potential_fn_gen = setup.potential_fn_gen
+            self._postprocess_fn = setup.postprocess_fn
+            if init_params is None:
+                search = find_initial_params(self._model, self._init_strategy)
+        if init_params is not None and vectorized:
+            if not has_chain_axis(init_params, num_chains):
+                raise ValueError(
+                    "init_params for vectorized chains need a leading axis of "
+                    f"length num_chains={num_chains} on every site."
+                )
+        # one chain's values (shapes and dtypes): the model's, or the user's
+        batched = search is None and vectorized
+        if search is not None:
+            values = setup.shapes
+        else:
+            values = jax.eval_shape(float_params, init_params)
+        flat, self._unravel = latent_layout(values, batched)
         if flat.size == 0:
             raise UnsupportedModelError(
                 "DEERMALA: the model has no latent sample sites (nothing to "
@@ -352,52 +371,70 @@ class _DEERKernel(MCMCKernel):
             self._run_block_size,
             flat.size,
             flat.dtype,
-            num_chains=rng_key.shape[0] if vectorized else 1,
+            num_chains=num_chains or 1,
             kernel=type(self).__name__,
             multiple=self.block_multiple,
         )
-        self._latent = compile_cache.latent_signature(init_params, vectorized)
+        self._latent = compile_cache.latent_signature(values, batched)
+        self._sites_message = partial(
+            non_finite_sites_message, self._model, model_args, model_kwargs
+        )
         dynamic, static = compile_cache.split_model_args(model_args, model_kwargs)
+        searched = None if search is None else self._init_strategy
         init_fn = compile_cache.cached(
-            ("init", self.compile_key(), vectorized, static),
-            lambda: self._build_init(static, vectorized),
+            ("init", self.compile_key(), vectorized, static, searched),
+            lambda: self._build_init(static, vectorized, search),
         )
         self._sample_fn = partial(self._sample, batched=vectorized)
         return init_fn, (init_params, rng_key, dynamic)
 
-    def initialized(self, state):
-        """The state :meth:`init_program`'s program computed, placed over the
-        mesh (if any) and checked: its potential energy must be finite.
+    def initialized(self, output):
+        """The state :meth:`init_program`'s program computed (``output``: the
+        state, and whether the initial values NumPyro's search found are
+        valid), placed over the mesh (if any) and checked.
 
         Raises:
+            RuntimeError: NumPyro's search found no valid initial values (the
+                message names the sites whose log density is not finite).
             ValueError: a chain's initial potential energy is not finite.
         """
+        state, valid = output
+        check_initial_values(valid, self._sites_message)
         if self._mesh is not None:
             state = self._mesh.place(state, chains=jnp.ndim(state.i) > 0)
         check_initial_potential(state.potential_energy)
         return state
 
-    def _build_init(self, static, vectorized: bool):
-        """The jitted initial state ``(params, key, dynamic args) -> state``.
+    def _build_init(self, static, vectorized: bool, search: Callable | None):
+        """The jitted initial state ``(params, key, dynamic args) -> (state,
+        valid)``, one chain's or (``vectorized``) every chain's.
 
-        Built on a copy of the kernel (see :mod:`.compile_cache`), with the
-        model's array arguments as arguments.
+        With ``search`` (:func:`~.initial.find_initial_params`) ``params`` is
+        ``None`` and the initial values are searched from a key split off
+        ``key``. Built on a copy of the kernel (see :mod:`.compile_cache`),
+        with the model's array arguments as arguments.
         """
         kernel = compile_cache.snapshot(self)
 
         def init_one(params, key, dynamic):
             args, kwargs = compile_cache.join_model_args(static, dynamic)
+            key, key_model = jax.random.split(key)
+            valid = jnp.ones((), bool)
+            if search is not None:
+                with translate_tracer_errors():
+                    params, valid = search(key_model, args, kwargs)
             potential_flat = kernel._potential_flat(args, kwargs)
             adapter_init, _ = kernel._adapter(potential_flat)
             with kernel._precision():
-                return initial_state(
-                    params,
+                state = initial_state(
+                    float_params(params),
                     key,
                     potential_flat,
                     adapter_init,
                     kernel._step_size,
                     kernel._run_block_size,
                 )
+            return state, valid
 
         if vectorized:
             return compile_cache.jit(jax.vmap(init_one, in_axes=(0, 0, None)))
@@ -575,6 +612,7 @@ class _DEERKernel(MCMCKernel):
             "_potential_fn_gen",
             "_postprocess_fn",
             "_unravel",
+            "_sites_message",
             "_latent",
         ):
             state[name] = None
