@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from numpyro_deer.core import MALA, curvature_basis, make_tape, sequential_chain
+from numpyro_deer.core.hessian import ALL_COLUMNS_DIM, COLUMN_BATCH, mean_hessian
 from numpyro_deer.infer.block import block_points, record_warmup_draw
 
 
@@ -25,6 +26,27 @@ def test_curvature_basis_diagonalises_the_mean_hessian():
     mean_hessian = precision + 3.0 * jnp.diag(jnp.mean(points**2, axis=0))
     rotated = basis.T @ mean_hessian @ basis
     np.testing.assert_allclose(rotated - jnp.diag(jnp.diag(rotated)), 0.0, atol=1e-10)
+
+
+def test_mean_hessian_in_batches_of_columns_traces_the_potential_once():
+    # above ALL_COLUMNS_DIM the columns go COLUMN_BATCH at a time; a dimension
+    # that is not a whole number of batches must not trace the potential (and
+    # compile its second derivative) a second time for the remainder
+    dim = ALL_COLUMNS_DIM + COLUMN_BATCH // 2 + 1
+    rng = np.random.default_rng(1)
+    a = rng.standard_normal((dim, dim)) / np.sqrt(dim)
+    precision = jnp.asarray(a @ a.T + np.eye(dim))
+    traces = []
+
+    def potential(w):
+        traces.append(1)
+        return 0.5 * w @ precision @ w + 0.25 * jnp.sum(w**4)
+
+    points = jnp.asarray(rng.standard_normal((3, dim)))
+    hessian = jax.jit(mean_hessian, static_argnums=0)(potential, points)
+    assert len(traces) == 1
+    expected = precision + 3.0 * jnp.diag(jnp.mean(points**2, axis=0))
+    np.testing.assert_allclose(hessian, expected, rtol=1e-10, atol=1e-10)
 
 
 def test_curvature_basis_of_a_nonfinite_hessian_is_the_identity():

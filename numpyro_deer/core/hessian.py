@@ -59,11 +59,16 @@ def mean_hessian(potential: Callable[[Array], Array], points: Array) -> Array:
         return jnp.mean(tangents, axis=0)
 
     dim = points.shape[-1]
-    eye = jnp.eye(dim, dtype=points.dtype)
     if dim <= ALL_COLUMNS_DIM:
-        hessian = jax.vmap(column)(eye)
+        hessian = jax.vmap(column)(jnp.eye(dim, dtype=points.dtype))
     else:
-        hessian = jax.lax.map(column, eye, batch_size=COLUMN_BATCH)
+        # rows of zeros pad the basis to whole batches: with a remainder,
+        # lax.map would trace the column a second time for it (twice the
+        # program: stochastic volatility's Hessian compiled in 6.1 s instead
+        # of 3.9 s on the CPU)
+        rows = -(-dim // COLUMN_BATCH) * COLUMN_BATCH
+        basis = jnp.eye(rows, dim, dtype=points.dtype)
+        hessian = jax.lax.map(column, basis, batch_size=COLUMN_BATCH)[:dim]
     return 0.5 * (hessian + hessian.T)
 
 
