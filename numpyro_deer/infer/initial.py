@@ -71,13 +71,8 @@ def initialize(
     def set_up(key):
         if validate_model:
             check_model(model, model_args, model_kwargs, key)
-        info, potential_fn_gen, postprocess_fn, _ = initialize_model(
-            key,
-            model,
-            dynamic_args=True,
-            init_strategy=init_strategy,
-            model_args=model_args,
-            model_kwargs=model_kwargs,
+        info, potential_fn_gen, postprocess_fn, _ = _initialize_model(
+            key, model, init_strategy, model_args, model_kwargs
         )
         found.append((potential_fn_gen, postprocess_fn))
         return info[0]
@@ -91,15 +86,23 @@ def initialize(
     with translate_tracer_errors():
         # the batch of one makes NumPyro search in one compiled loop, not
         # operation by operation; its values are not used
-        _, potential_fn_gen, postprocess_fn, _ = initialize_model(
-            key_model[None],
-            model,
-            dynamic_args=True,
-            init_strategy=init_strategy,
-            model_args=model_args,
-            model_kwargs=model_kwargs,
+        _, potential_fn_gen, postprocess_fn, _ = _initialize_model(
+            key_model[None], model, init_strategy, model_args, model_kwargs
         )
     return ModelPotential(potential_fn_gen, postprocess_fn, shapes)
+
+
+def _initialize_model(key, model, init_strategy, model_args, model_kwargs):
+    """NumPyro's ``initialize_model``, the potential built from the arguments
+    of a later call (``dynamic_args=True``)."""
+    return initialize_model(
+        key,
+        model,
+        dynamic_args=True,
+        init_strategy=init_strategy,
+        model_args=model_args,
+        model_kwargs=model_kwargs,
+    )
 
 
 def holds_tracer(root: Any, max_depth: int = 32) -> bool:
@@ -162,13 +165,8 @@ def find_initial_params(
     """
 
     def search(key, model_args, model_kwargs):
-        (params, energy, grad), *_ = initialize_model(
-            key,
-            model,
-            dynamic_args=True,
-            init_strategy=init_strategy,
-            model_args=model_args,
-            model_kwargs=model_kwargs,
+        (params, energy, grad), *_ = _initialize_model(
+            key, model, init_strategy, model_args, model_kwargs
         )
         valid = jnp.isfinite(energy) & jnp.all(jnp.isfinite(ravel_pytree(grad)[0]))
         return params, valid
