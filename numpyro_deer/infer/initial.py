@@ -24,6 +24,7 @@ import numpy as np
 from jax import Array
 from jax.flatten_util import ravel_pytree
 from numpyro.infer.util import initialize_model
+from numpyro.util import is_prng_key
 
 from .block import NUM_CURVATURE_POINTS, DEERMALAState, empty_block
 from .checks import check_model, translate_tracer_errors
@@ -60,7 +61,8 @@ def initialize(
     keeps values of the model's trace for its potential (``param`` sites) and
     postprocessing (transforms with array parameters); when anything reachable
     from them is a tracer, the set-up is run again eagerly, from the key
-    ``rng_key`` (a chain's key; the values of ``param`` sites come from it).
+    ``rng_key`` (a chain's key, or the first of a batch of keys; the values of
+    ``param`` sites come from it).
 
     Raises:
         UnsupportedModelError: from :func:`check_model` (``validate_model``),
@@ -82,6 +84,8 @@ def initialize(
         shapes = jax.eval_shape(set_up, key)
     if not holds_tracer(found[0]):
         return ModelPotential(*found[0], shapes)
+    if not is_prng_key(rng_key):  # vectorized chains: the first chain's key
+        rng_key = rng_key[0]
     key_model = jax.random.split(rng_key)[1]  # the search's key
     with translate_tracer_errors():
         # the batch of one makes NumPyro search in one compiled loop, not

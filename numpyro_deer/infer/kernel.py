@@ -308,9 +308,11 @@ class _DEERKernel(MCMCKernel):
         ``program(*arguments)`` the jitted computation of the state, which
         :meth:`initialized` finishes.
 
-        NumPyro's search for the initial values and the model checks run
-        here. :class:`numpyro_deer.MCMC` compiles the program beside the run's
-        other programs, whose shapes it knows from the program's output.
+        The model checks and NumPyro's set-up of the potential are traced
+        here (:func:`~.initial.initialize`, compiling nothing); NumPyro's
+        search for the initial values runs inside the program.
+        :class:`numpyro_deer.MCMC` compiles the program beside the run's other
+        programs, whose shapes it knows from the program's output.
         """
         self._num_warmup = num_warmup
         self._warned_unconverged = False
@@ -335,7 +337,7 @@ class _DEERKernel(MCMCKernel):
         else:
             setup = initialize(
                 self._model,
-                rng_key[0] if vectorized else rng_key,
+                rng_key,
                 model_args,
                 model_kwargs,
                 self._init_strategy,
