@@ -4,8 +4,12 @@ through JAX's ahead-of-time pipeline, and the size of what XLA sees.
 For each kernel variant (the default and one setting changed at a time) the
 script initialises ``DEERMALA`` on a model and compiles, ahead of time,
 
-* ``warmup_step``: ``kernel.block_warmup`` (one MALA step and the adaptation,
-  the body of the driver's warmup loop);
+* ``warmup_step``: ``kernel.block_warmup(..., window_end=False)`` (one MALA
+  step and the adaptation, the body of the driver's warmup loop), and
+  ``warmup_step_with_end``, the same with the Hessian window end inside (the
+  step of NumPyro's own ``MCMC`` loop);
+* ``window_end`` and ``step_size``: the Hessian mass matrix of a window end
+  and the step size search, programs of their own in the driver;
 * ``block_refill``: ``kernel.block_refill`` (one block: the DEER solve, or the
   sequential scan), the body of the driver's sampling loop,
 
@@ -27,6 +31,7 @@ import re
 import sys
 import time
 from collections import Counter
+from functools import partial
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -129,7 +134,12 @@ def run_variant(name: str, options: dict, ns) -> list[dict]:
     state = kernel.init(jax.random.PRNGKey(0), ns.num_warmup, None, args, kwargs)
     rows = []
     for fn_name, fn in (
-        ("warmup_step", kernel.block_warmup),
+        # the body of numpyro_deer.MCMC's warmup loop, and the same step with
+        # the Hessian window end inside (NumPyro's own loop)
+        ("warmup_step", partial(kernel.block_warmup, window_end=False)),
+        ("warmup_step_with_end", kernel.block_warmup),
+        ("window_end", kernel.block_window_end),
+        ("step_size", lambda s, a, k: kernel.block_step_size(s, True, a, k)),
         ("block_refill", kernel.block_refill),
     ):
         row = {"model": ns.model, "variant": name, "function": fn_name}

@@ -46,7 +46,7 @@ class CompileLog:
     """
 
     EVENT = "/jax/core/compile/backend_compile_duration"
-    OURS = ("warmup_loop", "block_step", "init_one")
+    OURS = ("warmup_loop", "block_step", "init_one", "step_size", "window_end")
 
     def __init__(self):
         self.names = Counter()

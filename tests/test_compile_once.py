@@ -17,7 +17,9 @@ from numpyro_deer.infer import compile_cache
 
 from .helpers import compile_log, gaussian_data
 
-SETTINGS = {"num_warmup": 30, "num_samples": 48}
+# 60 warmup steps: one middle adaptation window, so the Hessian window end
+# (its own program, beside the warmup loop) is part of every run
+SETTINGS = {"num_warmup": 60, "num_samples": 48}
 
 LOG = compile_log()
 
@@ -56,10 +58,17 @@ def first():
     return draws, compiled
 
 
-def test_first_run_compiles_init_and_loop(first):
+def test_first_run_compiles_each_program_once(first):
     _, compiled = first
-    names = " ".join(compiled)
-    assert "init_one" in names and "warmup_loop" in names and "block_step" in names
+    assert compiled == Counter(
+        {
+            "jit(init_one)": 1,
+            "jit(step_size)": 1,
+            "jit(warmup_loop)": 1,
+            "jit(window_end)": 1,
+            "jit(block_step)": 1,
+        }
+    )
 
 
 def test_second_mcmc_object_compiles_nothing_and_draws_the_same(first):
@@ -75,7 +84,12 @@ def test_new_data_of_the_same_shape_compiles_nothing(first):
     # values are read afresh (the posterior mean moves)
     draws_a, compiled_a = _run(jit_model_args=True)
     draws_b, compiled_b = _run(data=-3.0, jit_model_args=True)
-    assert set(compiled_a) <= {"jit(warmup_loop)", "jit(block_step)"}
+    assert set(compiled_a) <= {
+        "jit(step_size)",
+        "jit(warmup_loop)",
+        "jit(window_end)",
+        "jit(block_step)",
+    }
     assert compiled_b == Counter()
     np.testing.assert_array_equal(draws_a, first[0])
     # gaussian_mean_model: 20 observations of y, prior N(0, 10): mean ~ y
@@ -147,7 +161,9 @@ def _unshared_model(y):
 # refill (method="auto" on an accelerator)
 SETUP_PROGRAMS = {
     "jit(init_one)",
+    "jit(step_size)",
     "jit(warmup_loop)",
+    "jit(window_end)",
     "jit(block_step)",
     "jit(_zeros)",
     "jit(all_need_refill)",

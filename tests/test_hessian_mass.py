@@ -4,7 +4,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from numpyro.infer.hmc_util import warmup_adapter
+from numpyro.infer.hmc_util import build_adaptation_schedule, warmup_adapter
 
 from benchmarks.models import (
     ill_conditioned_covariance,
@@ -16,9 +16,11 @@ from numpyro_deer.infer.hessian_mass import (
     EIGENVALUE_FLOOR,
     MAX_HESSIAN_DIM,
     hessian_inverse_mass,
-    hessian_window_end,
+    hessian_window_ends,
+    is_hessian_window_end,
     resolve_mass_adaptation,
 )
+from numpyro_deer.infer.warmup import hessian_window_end
 
 
 def _precision(dim=4, seed=0):
@@ -176,3 +178,58 @@ def test_default_mass_adaptation_is_chosen_at_init(options, expected, shape):
     state = kernel.init(jax.random.PRNGKey(0), 10, None, args, kwargs)
     assert kernel.mass_adaptation == expected
     assert state.adapt_state.inverse_mass_matrix.shape == shape
+
+
+@pytest.mark.parametrize("num_warmup", [10, 60, 150, 500])
+def test_window_ends_are_where_numpyros_update_ends_a_middle_window(num_warmup):
+    # numpyro_deer.MCMC stops its warmup loop at these iteration counts to
+    # run the window end as a program of its own: they must be the steps
+    # after which the in-step window end (is_hessian_window_end) fires
+    init, update = warmup_adapter(
+        num_warmup, find_reasonable_step_size=lambda eps, *_: eps, dense_mass=True
+    )
+    num_windows = len(build_adaptation_schedule(num_warmup))
+    z = (jnp.zeros(2),)
+    state = init(z, jax.random.PRNGKey(0), 0.1, mass_matrix_size=2)
+    update = jax.jit(update)
+    ends = []
+    for t in range(num_warmup):
+        new = update(t, 0.5, z, state)
+        if is_hessian_window_end(state, new, num_windows):
+            ends.append(t + 1)
+        state = new
+    assert tuple(ends) == hessian_window_ends(num_warmup)
+    assert len(ends) == max(0, num_windows - 2)
+
+
+def _primitive_names(jaxpr) -> set:
+    """The primitives of ``jaxpr`` and of every jaxpr inside it (branches,
+    loop bodies, nested jits)."""
+    names = set()
+    for eqn in jaxpr.eqns:
+        names.add(eqn.primitive.name)
+        for value in eqn.params.values():
+            for sub in value if isinstance(value, (list, tuple)) else [value]:
+                inner = getattr(sub, "jaxpr", sub)
+                if hasattr(inner, "eqns"):
+                    names |= _primitive_names(inner)
+    return names
+
+
+def test_warmup_step_without_the_window_end_traces_no_hessian():
+    # the warmup loop of numpyro_deer.MCMC leaves the Hessian (and its
+    # eigendecomposition) to the window-end program: not traced in the step
+    args, kwargs = make_ill_conditioned_gaussian_data(dim=3, condition_number=10.0)
+    kernel = DEERMALA(ill_conditioned_gaussian, adapt_mass_matrix="hessian")
+    state = kernel.init(jax.random.PRNGKey(0), 100, None, args, kwargs)
+
+    def primitives(fn, *fn_args):
+        return _primitive_names(jax.make_jaxpr(fn)(*fn_args).jaxpr)
+
+    def step(window_end):
+        return lambda s: kernel.block_warmup(s, args, kwargs, window_end=window_end)
+
+    assert "eigh" in primitives(step(True), state)
+    assert "eigh" not in primitives(step(False), state)
+    end = lambda s: kernel.block_window_end(s, args, kwargs)  # noqa: E731
+    assert "eigh" in primitives(end, state)

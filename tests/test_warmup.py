@@ -1,12 +1,19 @@
-"""The warmup's step size search, on a standard normal."""
+"""The warmup's step size search and NumPyro's adapter, on a standard normal."""
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from numpyro.infer.hmc_util import warmup_adapter
+
 from numpyro_deer.core import MALA, make_step_fn, make_tape
-from numpyro_deer.infer.warmup import MAX_STEP_SIZE_SEARCH, find_reasonable_step_size
+from numpyro_deer.infer.warmup import (
+    MAX_STEP_SIZE_SEARCH,
+    build_adapter,
+    find_reasonable_step_size,
+    restart_step_size,
+)
 
 D = 10
 TARGET = 0.8
@@ -39,3 +46,47 @@ def test_step_size_search_crosses_the_target(start):
     assert _acceptance(2 * eps, x, key) <= TARGET
     # it is a power-of-two multiple of the start
     np.testing.assert_allclose(np.log2(eps / start), np.round(np.log2(eps / start)))
+
+
+@pytest.mark.parametrize("mass", ["hessian", True])
+def test_initial_state_then_search_is_numpyros_init(mass):
+    # the kernel's initial state leaves NumPyro's step size search to a
+    # program of its own (restart_step_size): together they give the adapt
+    # state NumPyro's warmup_adapter init gives with the search inside
+    key_x, key = jax.random.split(jax.random.PRNGKey(5))
+    x = jax.random.normal(key_x, (D,))
+    adapter = build_adapter(
+        _potential,
+        100,
+        mass_adaptation=mass,
+        dense_mass=False,
+        adapt_step_size=True,
+        target_accept_prob=TARGET,
+    )
+    ours = restart_step_size(adapter.init(x, key, 1.0), x, adapter.find_step_size)
+    init, _ = warmup_adapter(
+        100,
+        find_reasonable_step_size=adapter.find_step_size,
+        dense_mass=mass == "hessian",
+        target_accept_prob=TARGET,
+    )
+    theirs = init((x,), key, jnp.asarray(1.0), mass_matrix_size=D)
+    assert float(ours.step_size) != 1.0  # the search moved it
+    for a, b in zip(jax.tree.leaves(ours), jax.tree.leaves(theirs), strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_restart_is_skipped_where_not_used():
+    x = jnp.zeros(D)
+    adapter = build_adapter(
+        _potential,
+        100,
+        mass_adaptation="hessian",
+        dense_mass=False,
+        adapt_step_size=True,
+        target_accept_prob=TARGET,
+    )
+    state = adapter.init(x, jax.random.PRNGKey(0), 1e-3)
+    kept = restart_step_size(state, x, adapter.find_step_size, jnp.asarray(False))
+    for a, b in zip(jax.tree.leaves(kept), jax.tree.leaves(state), strict=True):
+        np.testing.assert_array_equal(a, b)

@@ -159,7 +159,7 @@ def compile_in_background(lowered: Iterable[tuple[str, Any]]) -> dict[str, Futur
     not compiled twice: its future is returned. The threads are not daemons: a
     process that ends while a compile is under way waits for it.
     """
-    pool = ThreadPoolExecutor(max_workers=4)
+    pool = ThreadPoolExecutor(max_workers=8)
     futures = {}
     try:
         for name, low in lowered:

@@ -47,10 +47,12 @@ from .convergence import (
 from .host_run import (
     Programs,
     i32,
+    initial_state,
     kernel_method,
     lower_programs,
     run_blocks,
     run_warmup,
+    warmup_plan,
 )
 from .method import device_choice
 from .progress import Progress
@@ -153,10 +155,16 @@ class MCMC(numpyro.infer.MCMC):
                 shared, lambda: loops.build_loop_fns(self.sampler, *settings)
             )
             if shared is not None:
-                # warmup does not depend on the blocks' method: one warmup
-                # loop for all (method="auto" measures both, then keeps one)
+                # warmup does not depend on the blocks' method: one set of
+                # warmup programs for all (method="auto" measures both, then
+                # keeps one)
                 warmup_key = ("warmup", self.sampler.compile_key(False), settings)
-                fns = (compile_cache.cached(warmup_key, lambda: fns[0]), *fns[1:])
+                warm = compile_cache.cached(
+                    warmup_key, lambda: (fns.warmup, fns.step_size, fns.window_end)
+                )
+                fns = fns._replace(
+                    warmup=warm[0], step_size=warm[1], window_end=warm[2]
+                )
             self._block_fns[(kernel_key, settings)] = fns
         return fns
 
@@ -176,7 +184,7 @@ class MCMC(numpyro.infer.MCMC):
         size = (upper - lower) // thinning if size is None else size // thinning
         start_idx = lower + (upper - lower) % thinning
         batched = jnp.ndim(init_state.i) > 0
-        n_warmup = self._num_warmup_iterations(init_state, upper)
+        first, n_warmup = self._warmup_range(init_state, upper)
         dynamic, static = compile_cache.split_model_args(
             args, kwargs, self._jit_model_args
         )
@@ -186,9 +194,9 @@ class MCMC(numpyro.infer.MCMC):
         def loop_fns():
             return self._loop_fns(collect_fields, remove_sites, batched, size, static)
 
-        warmup_fn, _, run_all, collected, checked = loop_fns()
+        fns = loop_fns()
         with translate_tracer_errors():
-            proto = jax.eval_shape(collected, init_state, dynamic)
+            proto = jax.eval_shape(fns.collected, init_state, dynamic)
         total = upper - n_warmup
         # one entry at least: a run without warmup writes nothing to it
         trace_shape = (max(n_warmup, 1),) + jnp.shape(init_state.potential_energy)
@@ -205,26 +213,25 @@ class MCMC(numpyro.infer.MCMC):
         if traced:
             # inside pmap or jit: one compiled loop, no progress bar; the
             # failed-block counts travel out with the state (see _run_parallel)
-            state, collection, stats, _, _ = run_all(
+            state, collection, stats, _, _ = fns.run_all(
                 init_state, collection, trace, n_warmup, total, start_idx, dynamic
             )
             jax.debug.callback(self._record_chain_stats, *stats)
         else:
             with translate_tracer_errors():
                 state, collection = self._run_on_host(
-                    warmup_fn,
                     loop_fns,
                     init_state,
                     collection,
                     trace,
-                    n_warmup,
+                    warmup_plan(self.sampler, first, n_warmup),
                     total,
                     start_idx,
                     phase,
                     dynamic,
                     batched,
                     choose,
-                    checked,
+                    fns.checked,
                     init_program,
                 )
         if len(collect_fields) == 1:
@@ -284,15 +291,16 @@ class MCMC(numpyro.infer.MCMC):
         )
         checked.add(name)
 
-    def _num_warmup_iterations(self, state, upper: int) -> int:
-        """Loop iterations that are warmup steps for this ``run``."""
+    def _warmup_range(self, state, upper: int) -> tuple[int, int]:
+        """``(first, steps)``: the iteration count this ``run`` starts from,
+        and how many of its loop iterations are warmup steps."""
         if isinstance(state.i, jax.core.Tracer):
-            start = self.num_warmup if compat.has_post_warmup_state(self) else 0
+            first = self.num_warmup if compat.has_post_warmup_state(self) else 0
         elif isinstance(state.i, jax.ShapeDtypeStruct):
-            start = 0  # a fresh state, still to compute (see _initial_state)
+            first = 0  # a fresh state, still to compute (see _initial_state)
         else:
-            start = int(np.min(np.asarray(state.i)))
-        return max(0, min(upper, self.num_warmup - start))
+            first = int(np.min(np.asarray(state.i)))
+        return first, max(0, min(upper, self.num_warmup - first))
 
     def _method_to_choose(self, state, total: int, batched: bool, traced: bool):
         """Whether this run measures which method is faster (``method="auto"``).
@@ -337,12 +345,11 @@ class MCMC(numpyro.infer.MCMC):
 
     def _run_on_host(
         self,
-        warmup_fn,
         loop_fns,
         state,
         collection,
         trace,
-        n_warmup,
+        plan,
         total,
         start_idx,
         phase,
@@ -355,8 +362,10 @@ class MCMC(numpyro.infer.MCMC):
         """Warmup in chunks, then one block per call, from the host.
 
         The initial state's program (``init_program``, if the state is still
-        to compute: ``state`` holds its shapes), the warmup loop and the block
-        programs are lowered, then compiled in the background, side by side
+        to compute: ``state`` holds its shapes), the step size search, the
+        warmup loop, the Hessian window end (as the warmup ``plan`` needs
+        them) and the block programs are lowered, then compiled in the
+        background, side by side
         (:class:`~numpyro_deer.infer.host_run.Programs`); each runs as soon as
         its own compile is done, and a block program's memory is checked
         before its first block. The progress bar advances
@@ -372,14 +381,17 @@ class MCMC(numpyro.infer.MCMC):
         start = i32(start_idx)
         trials = ["sequential", "deer"] if choose else []
         methods = (trials or [kernel_method(kernel)]) if total > 0 else []
-        stages = (["warmup"] if n_warmup else []) + [f"{m} blocks" for m in methods]
-        with Progress(n_warmup + total, self.progress_bar, phase) as progress:
+        stages = (["warmup"] if plan.steps else []) + [f"{m} blocks" for m in methods]
+
+        def set_trial(name):
+            kernel._trial_method = name
+
+        with Progress(plan.steps + total, self.progress_bar, phase) as progress:
             if stages:
                 progress.compiling(" and ".join(stages))
             lowered = lower_programs(
-                kernel, init_program, warmup_fn if n_warmup else None, loop_fns,
-                methods, bool(trials), state, collection, trace, n_warmup, total,
-                start, dynamic,
+                init_program, loop_fns, plan, methods, bool(trials), state,
+                collection, trace, total, start, dynamic, set_trial,
             )  # fmt: skip
             programs = Programs(
                 lowered,
@@ -388,16 +400,16 @@ class MCMC(numpyro.infer.MCMC):
                 placed=getattr(kernel, "mesh", None) is not None,
             )
             if init_program is not None:
-                state = kernel.initialized(programs("init", *init_program[1]))
-            if n_warmup:
+                state = initial_state(programs, kernel, init_program, plan, dynamic)
+            if plan.steps:
                 state, collection, trace = run_warmup(
-                    programs, progress, (state, collection, trace), n_warmup,
-                    start, dynamic,
+                    programs, progress, (state, collection, trace), plan, start,
+                    dynamic,
                 )  # fmt: skip
-                self._check_warmup(trace, n_warmup)
+                self._check_warmup(trace, plan.steps)
             state, collection, stats = run_blocks(
                 programs, progress, kernel, trials, self._choose,
-                (state, collection), n_warmup, total, start, dynamic, batched,
+                (state, collection), plan.steps, total, start, dynamic, batched,
             )  # fmt: skip
         self._warn_failed_blocks(stats)
         return state, collection

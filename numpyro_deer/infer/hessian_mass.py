@@ -19,11 +19,12 @@ every direction. Where ``U`` is not convex the eigenvalues are taken in
 absolute value (as in Betancourt's SoftAbs metric, 2013) and floored at
 :data:`EIGENVALUE_FLOOR` times the largest one.
 
-:func:`hessian_window_end` plugs this into NumPyro's ``warmup_adapter`` (run
+:func:`hessian_mass` plugs this into NumPyro's ``warmup_adapter`` (run
 without a mass matrix estimate of its own): at the end of each middle window
-the inverse mass matrix becomes ``M`` from the kernel's curvature points, and
-the step size search and dual averaging restart in the new metric exactly as
-NumPyro does after its own update.
+(:func:`is_hessian_window_end`) the inverse mass matrix becomes ``M`` from the
+kernel's curvature points, and the step size search and dual averaging
+restart in the new metric exactly as NumPyro does after its own update
+(:mod:`numpyro_deer.infer.warmup`).
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 from jax import Array
-from numpyro.infer.hmc_util import dual_averaging
+from numpyro.infer.hmc_util import build_adaptation_schedule
 
 from ..core.hessian import mean_hessian_eigh
 
@@ -90,42 +91,6 @@ def hessian_inverse_mass(
     return inverse, sqrt, sqrt_inv, finite
 
 
-def hessian_window_end(
-    before: Any,
-    after: Any,
-    potential: Callable[[Array], Array],
-    points: Array,
-    x: Array,
-    num_windows: int,
-    find_step_size: Callable | None,
-) -> Any:
-    """NumPyro's adapt state ``after`` one update, with the Hessian metric.
-
-    Args:
-        before: the ``HMCAdaptState`` before ``warmup_adapter``'s update.
-        after: the state it returned (dense mass matrix).
-        potential: the potential energy on flat unconstrained values.
-        points: curvature points, shape ``(K, D)``.
-        x: the current draw (for the step size search).
-        num_windows: windows of NumPyro's adaptation schedule.
-        find_step_size: ``(step_size, inverse_mass_matrix, z_info, key)`` ->
-            step size, or ``None`` when the step size is not adapted.
-
-    At the end of a middle window (where NumPyro updates the mass matrix) the
-    inverse mass matrix becomes the Hessian one, unless the mean Hessian is
-    not finite (``after``'s metric is kept then: the kernel's adapter does not
-    estimate one of its own under the Hessian mass, so that is the previous
-    metric); elsewhere ``after`` is returned unchanged.
-    """
-
-    def replace(state):
-        return hessian_metric(state, potential, points, x, find_step_size)
-
-    return jax.lax.cond(
-        is_hessian_window_end(before, after, num_windows), replace, lambda s: s, after
-    )
-
-
 def is_hessian_window_end(before: Any, after: Any, num_windows: int) -> Array:
     """Whether the update ``before -> after`` ended a middle adaptation window."""
     window_end = after.window_idx != before.window_idx
@@ -133,28 +98,26 @@ def is_hessian_window_end(before: Any, after: Any, num_windows: int) -> Array:
     return window_end & middle
 
 
-def hessian_metric(
-    state: Any,
-    potential: Callable[[Array], Array],
-    points: Array,
-    x: Array,
-    find_step_size: Callable | None,
-) -> Any:
-    """``state`` with the inverse mean Hessian as its metric (see
-    :func:`hessian_window_end`), unchanged where the Hessian is not finite."""
+def hessian_mass(state: Any, potential: Callable[[Array], Array], points: Array):
+    """``(state, finite)``: NumPyro's adapt ``state`` with the inverse mean
+    Hessian at ``points`` (``(K, D)``) as its metric, and whether that Hessian
+    is finite; where it is not, ``state`` is returned unchanged (the previous
+    metric is kept: under the Hessian mass the adapter estimates none of its
+    own). The step size search in the new metric is
+    :func:`~numpyro_deer.infer.warmup.restart_step_size`'s."""
     inverse, sqrt, sqrt_inv, finite = hessian_inverse_mass(potential, points)
     new = state._replace(
         inverse_mass_matrix=inverse,
         mass_matrix_sqrt=sqrt,
         mass_matrix_sqrt_inv=sqrt_inv,
     )
-    if find_step_size is not None:
-        key, key_ss = jax.random.split(state.rng_key)
-        step_size = find_step_size(state.step_size, inverse, (x,), key_ss)
-        ss_init, _ = dual_averaging()
-        new = new._replace(
-            step_size=step_size,
-            ss_state=ss_init(jnp.log(10.0) + jnp.log(step_size)),
-            rng_key=key,
-        )
-    return jax.tree.map(lambda a, b: jnp.where(finite, a, b), new, state)
+    return jax.tree.map(lambda a, b: jnp.where(finite, a, b), new, state), finite
+
+
+def hessian_window_ends(num_warmup: int) -> tuple[int, ...]:
+    """The iteration counts after the warmup steps that end a middle window
+    of NumPyro's schedule (:func:`is_hessian_window_end` holds for the update
+    of step ``i - 1``): where the host applies :func:`hessian_mass` between
+    warmup loops."""
+    schedule = build_adaptation_schedule(num_warmup)
+    return tuple(int(window.end) + 1 for window in schedule[1:-1])

@@ -2,7 +2,8 @@
 warmup in chunks, then one block per call.
 
 :func:`lower_programs` lowers a run's programs one by one (the initial
-state, the warmup loop, a block step per method); :class:`Programs` holds them
+state, the step size search, the warmup loop, the Hessian window end, a
+block step per method); :class:`Programs` holds them
 by name, compiling side by side in threads
 (:func:`~numpyro_deer.infer.compile_cache.compile_in_background`), each
 compile started as soon as its program is lowered; each is waited for when
@@ -17,7 +18,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import numpy as np
@@ -27,7 +28,12 @@ from .method import MethodChoice, measured_choice, pending_choice, unfit_choice
 from .progress import Progress, block_postfix, next_chunk, warmup_postfix
 
 # what the progress bar calls the programs that are not block steps
-_STAGES = {"init": "the initial state", "warmup": "warmup"}
+_STAGES = {
+    "init": "the initial state",
+    "step_size": "the step size search",
+    "warmup": "warmup",
+    "window_end": "the Hessian mass matrix",
+}
 
 
 class Programs:
@@ -81,52 +87,100 @@ class Programs:
 
 
 def lower_programs(
-    kernel, init_program, warmup_fn, loop_fns, methods, trial, state, collection,
-    trace, n_warmup, total, start, dynamic,
+    init_program, fns, plan, methods, trial, state, collection, trace, total,
+    start, dynamic, set_trial,
 ):  # fmt: skip
     """The programs of a run, lowered (traced to StableHLO) one by one:
     yields ``(name, lowered)`` in the order the run needs them.
 
     ``"init"`` (the initial state, if ``init_program`` is given),
-    ``"warmup"`` (the warmup loop, unless ``warmup_fn`` is ``None``), then
-    a block step per name in ``methods``, each traced with that method if
-    ``trial`` (``method="auto"`` measuring both); ``loop_fns()`` gives the
-    run's loop functions (the block step traced with ``kernel``'s method).
+    ``"step_size"`` and ``"warmup"`` and ``"window_end"`` as the warmup
+    ``plan`` needs them (:class:`WarmupPlan`), then a block step per name in
+    ``methods``, each traced with that method if ``trial``
+    (``method="auto"`` measuring both: ``set_trial(name)`` sets it, and
+    ``fns()`` gives the run's loop functions, :class:`~.loops.LoopFns`).
     """
     zero = i32(0)
+    loop = fns()
     if init_program is not None:
         program, arguments = init_program
         yield "init", program.lower(*arguments)
-    if warmup_fn is not None:
+    if plan.search and (init_program is not None or plan.stops):
+        use = jax.ShapeDtypeStruct(np.shape(state.i), bool)
+        yield "step_size", loop.step_size.lower(state, use, dynamic)
+    if plan.steps:
         yield (
             "warmup",
-            warmup_fn.lower(state, collection, trace, zero, i32(1), start, dynamic),
+            loop.warmup.lower(state, collection, trace, zero, i32(1), start, dynamic),
         )
+    if plan.stops:
+        yield "window_end", loop.window_end.lower(state, dynamic)
     for name in methods:
-        kernel._trial_method = name if trial else None
+        set_trial(name if trial else None)
         try:
-            lowered = loop_fns()[1].lower(
-                state, collection, zero, (zero, zero, zero), i32(n_warmup),
+            lowered = fns().block_step.lower(
+                state, collection, zero, (zero, zero, zero), i32(plan.steps),
                 i32(total), start, dynamic,
             )  # fmt: skip
         finally:
-            kernel._trial_method = None
+            set_trial(None)
         yield name, lowered
 
 
-def run_warmup(programs: Programs, progress: Progress, carry, n_warmup, start, dynamic):
-    """``n_warmup`` warmup steps in chunks; ``carry`` is ``(state,
-    collection, trace)``, returned advanced."""
+class WarmupPlan(NamedTuple):
+    """What a run's warmup computes from the host.
+
+    Attributes:
+        steps: warmup steps in this run.
+        stops: the counts of those steps after which the kernel's Hessian
+            window end runs (``"window_end"`` then ``"step_size"``).
+        search: whether the step size is searched (after the initial state
+            and each window end).
+    """
+
+    steps: int
+    stops: tuple[int, ...]
+    search: bool
+
+
+def warmup_plan(kernel, first: int, steps: int) -> WarmupPlan:
+    """The warmup plan of ``steps`` steps from iteration count ``first``
+    (the kernel's ``window_ends`` and ``adapts_step_size``)."""
+    ends = getattr(kernel, "window_ends", ())
+    stops = tuple(e - first for e in ends if first < e <= first + steps)
+    return WarmupPlan(steps, stops, bool(getattr(kernel, "adapts_step_size", False)))
+
+
+def initial_state(programs: Programs, kernel, init_program, plan: WarmupPlan, dynamic):
+    """The initial state ``init_program`` computes, its step size searched."""
+    state = kernel.initialized(programs("init", *init_program[1]))
+    if plan.search:
+        use = jax.device_put(np.ones(np.shape(state.i), bool))
+        state = programs("step_size", state, use, dynamic)
+    return state
+
+
+def run_warmup(
+    programs: Programs, progress: Progress, carry, plan: WarmupPlan, start, dynamic
+):
+    """The ``plan.steps`` warmup steps in chunks, and the window ends at its
+    stops; ``carry`` is ``(state, collection, trace)``, returned advanced."""
     programs.get("warmup")
     progress.running("warmup")
     done, last, seconds = 0, 0, 0.0
-    while done < n_warmup:
-        chunk = next_chunk(done, n_warmup - done, seconds, last)
+    while done < plan.steps:
+        stop = min([s for s in plan.stops if s > done] + [plan.steps])
+        chunk = min(next_chunk(done, plan.steps - done, seconds, last), stop - done)
         tic = time.perf_counter()
         carry = programs("warmup", *carry, i32(done), i32(done + chunk), start, dynamic)
         postfix = warmup_postfix(carry[0])  # waits for the chunk
         seconds, last = time.perf_counter() - tic, chunk
         done += chunk
+        if done in plan.stops:
+            state, finite = programs("window_end", carry[0], dynamic)
+            if plan.search:
+                state = programs("step_size", state, finite, dynamic)
+            carry = (state, *carry[1:])
         progress.advance(chunk, postfix)
     return carry
 

@@ -208,14 +208,15 @@ def initial_state(
     """The state before the first warmup step, at ``params``.
 
     ``adapter_init`` is NumPyro's ``warmup_adapter`` init
-    (:func:`~numpyro_deer.infer.warmup.build_adapter`), which searches the
-    starting step size from ``step_size``.
+    (:attr:`~numpyro_deer.infer.warmup.Adapter.init`) at ``step_size``; its
+    search for a starting step size is left to the kernel's step size
+    program (:func:`~numpyro_deer.infer.warmup.restart_step_size`).
     """
     key, key_adapt = jax.random.split(rng_key)
     z_flat = ravel_pytree(params)[0]
     with translate_tracer_errors():
         potential = potential_flat(z_flat)
-    adapt = adapter_init((z_flat,), key_adapt, step_size, mass_matrix_size=z_flat.size)
+    adapt = adapter_init(z_flat, key_adapt, step_size)
     zero = jnp.zeros((), z_flat.dtype)
     return DEERMALAState(
         i=jnp.zeros((), jnp.int32),

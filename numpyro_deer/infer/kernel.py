@@ -39,7 +39,7 @@ from .checks import (
     translate_tracer_errors,
 )
 from .convergence import raise_unconverged, warn_unconverged
-from .hessian_mass import resolve_mass_adaptation
+from .hessian_mass import hessian_mass, hessian_window_ends, resolve_mass_adaptation
 from .initial import (
     check_initial_values,
     find_initial_params,
@@ -56,9 +56,10 @@ from .method import (
     fitted_block_size,
 )
 from .warmup import (
+    Adapter,
     batched_hessian_window_end,
     build_adapter,
-    find_reasonable_step_size,
+    restart_step_size,
     warmup_step,
 )
 
@@ -145,6 +146,7 @@ class _DEERKernel(MCMCKernel):
         self._sites_message = None
         self._latent = None
         self._sample_fn = None
+        self._step_size_fn = None
         self._warned_unconverged = False
 
     # ------------------------------------------------------------------ props
@@ -282,7 +284,7 @@ class _DEERKernel(MCMCKernel):
             self._mesh,
         )
 
-    def _adapter(self, potential_flat, window_end=True):
+    def _adapter(self, potential_flat, window_end=True) -> Adapter:
         return build_adapter(
             potential_flat,
             self._num_warmup,
@@ -299,7 +301,12 @@ class _DEERKernel(MCMCKernel):
         program, arguments = self.init_program(
             rng_key, num_warmup, init_params, model_args, model_kwargs
         )
-        return self.initialized(program(*arguments))
+        state = self.initialized(program(*arguments))
+        if not self._adapt_step_size:
+            return state
+        return self._step_size_fn(
+            state, jnp.ones(jnp.shape(state.i), bool), arguments[2]
+        )
 
     def init_program(
         self, rng_key, num_warmup, init_params, model_args, model_kwargs
@@ -312,7 +319,9 @@ class _DEERKernel(MCMCKernel):
         here (:func:`~.initial.initialize`, compiling nothing); NumPyro's
         search for the initial values runs inside the program.
         :class:`numpyro_deer.MCMC` compiles the program beside the run's other
-        programs, whose shapes it knows from the program's output.
+        programs, whose shapes it knows from the program's output. NumPyro's
+        search for a starting step size is left out of the program: it is
+        :meth:`block_step_size` (see :meth:`init`).
         """
         self._num_warmup = num_warmup
         self._warned_unconverged = False
@@ -387,6 +396,10 @@ class _DEERKernel(MCMCKernel):
             ("init", self.compile_key(), vectorized, static, searched),
             lambda: self._build_init(static, vectorized, search),
         )
+        self._step_size_fn = compile_cache.cached(
+            ("step size", self.compile_key(False), vectorized, static),
+            lambda: self._build_step_size(static, vectorized),
+        )
         self._sample_fn = partial(self._sample, batched=vectorized)
         return init_fn, (init_params, rng_key, dynamic)
 
@@ -426,13 +439,12 @@ class _DEERKernel(MCMCKernel):
                 with translate_tracer_errors():
                     params, valid = search(key_model, args, kwargs)
             potential_flat = kernel._potential_flat(args, kwargs)
-            adapter_init, _ = kernel._adapter(potential_flat)
             with kernel._precision():
                 state = initial_state(
                     float_params(params),
                     key,
                     potential_flat,
-                    adapter_init,
+                    kernel._adapter(potential_flat).init,
                     kernel._step_size,
                     kernel._run_block_size,
                 )
@@ -442,15 +454,81 @@ class _DEERKernel(MCMCKernel):
             return compile_cache.jit(jax.vmap(init_one, in_axes=(0, 0, None)))
         return compile_cache.jit(init_one)
 
+    def _build_step_size(self, static, vectorized: bool):
+        """:meth:`block_step_size` jitted, ``(state, use, dynamic args) ->
+        state``, on a copy of the kernel like :meth:`_build_init`'s."""
+        kernel = compile_cache.snapshot(self)
+
+        def step_size(state, use, dynamic):
+            args, kwargs = compile_cache.join_model_args(static, dynamic)
+            return kernel.block_step_size(state, use, args, kwargs, vectorized)
+
+        return compile_cache.jit(step_size)
+
     # ------------------------------------------------------------------ sample
     @staticmethod
     def _precision():
         return jax.default_matmul_precision(MATMUL_PRECISION)
 
-    def block_warmup(self, state, model_args, model_kwargs, batched=False):
-        """One warmup step (the driver calls this while ``i < num_warmup``)."""
+    def block_warmup(
+        self, state, model_args, model_kwargs, batched=False, window_end=True
+    ):
+        """One warmup step (the driver calls this while ``i < num_warmup``);
+        ``window_end=False`` leaves the Hessian window end to the caller
+        (:attr:`window_ends`)."""
         with self._precision(), translate_tracer_errors():
-            return self._block_warmup(state, model_args, model_kwargs, batched)
+            return self._block_warmup(
+                state, model_args, model_kwargs, batched, window_end
+            )
+
+    @property
+    def adapts_step_size(self) -> bool:
+        """Whether warmup searches and adapts the step size."""
+        return self._adapt_step_size
+
+    @property
+    def window_ends(self) -> tuple[int, ...]:
+        """The iteration counts ``state.i`` after which warmup takes the
+        Hessian mass (after :meth:`init`; ``()`` unless the mass matrix is the
+        Hessian one): :class:`numpyro_deer.MCMC` runs its warmup loop with
+        ``window_end=False`` and, at each of these counts,
+        :meth:`block_window_end` then :meth:`block_step_size`, as programs
+        that compile beside the loop."""
+        if self._mass_adaptation != "hessian":
+            return ()
+        return hessian_window_ends(self._num_warmup)
+
+    def block_step_size(self, state, use, model_args, model_kwargs, batched=False):
+        """NumPyro's step size search and restart where ``use`` (one flag per
+        chain if batched; :func:`~.warmup.restart_step_size`): after the
+        initial state, and after a Hessian window end."""
+        potential_flat = self._potential_flat(model_args, model_kwargs)
+        find = self._adapter(potential_flat).find_step_size
+
+        def one(s, u):
+            x = ravel_pytree(s.z)[0]
+            return s._replace(adapt_state=restart_step_size(s.adapt_state, x, find, u))
+
+        with self._precision(), translate_tracer_errors():
+            if batched:
+                return self._map_chains(lambda a: one(*a), (state, use))
+            return one(state, use)
+
+    def block_window_end(self, state, model_args, model_kwargs, batched=False):
+        """``(state, finite)``: each chain's metric the inverse mean Hessian at
+        its curvature points where that is finite
+        (:func:`~.hessian_mass.hessian_mass`); its step size is
+        :meth:`block_step_size`'s, where ``finite``."""
+        potential_flat = self._potential_flat(model_args, model_kwargs)
+
+        def one(s):
+            adapt, finite = hessian_mass(
+                s.adapt_state, potential_flat, s.curvature_points
+            )
+            return s._replace(adapt_state=adapt), finite
+
+        with self._precision(), translate_tracer_errors():
+            return self._map_chains(one, state) if batched else one(state)
 
     def _map_chains(self, fn, state):
         """``fn`` over the chains: split over the mesh's chain axis with a
@@ -459,19 +537,22 @@ class _DEERKernel(MCMCKernel):
             return self._mesh.map_chains(fn, state)
         return map_chains(fn, state)
 
-    def _block_warmup(self, state, model_args, model_kwargs, batched):
+    def _block_warmup(self, state, model_args, model_kwargs, batched, window_end=True):
         potential_flat = self._potential_flat(model_args, model_kwargs)
         # vectorized chains take the Hessian metric once for all (see
         # batched_hessian_window_end), not inside vmap; on the CPU without a
         # mesh the chains are mapped one after the other (see map_chains), so
         # each chain's window end is a plain cond
         vmapped = self._mesh is not None or not on_cpu()
-        shared_end = batched and self._mass_adaptation == "hessian" and vmapped
-        _, wa_update = self._adapter(potential_flat, window_end=not shared_end)
+        hessian = window_end and self._mass_adaptation == "hessian"
+        shared_end = batched and hessian and vmapped
+        adapter = self._adapter(
+            potential_flat, window_end=window_end and not shared_end
+        )
         step = partial(
             warmup_step,
             potential_flat=potential_flat,
-            adapter_update=wa_update,
+            adapter_update=adapter.update,
             num_warmup=self._num_warmup,
             unravel=self._unravel,
             transition=self._transition,
@@ -481,14 +562,6 @@ class _DEERKernel(MCMCKernel):
         new = self._map_chains(step, state)
         if not shared_end:
             return new
-        find_step_size = None
-        if self._adapt_step_size:
-            find_step_size = partial(
-                find_reasonable_step_size,
-                potential_flat,
-                self._target_accept_prob,
-                transition=self._transition,
-            )
         adapt = batched_hessian_window_end(
             state.adapt_state,
             new.adapt_state,
@@ -496,7 +569,7 @@ class _DEERKernel(MCMCKernel):
             new.curvature_points,
             jax.vmap(lambda z: ravel_pytree(z)[0])(new.z),
             self._num_warmup,
-            find_step_size,
+            adapter.find_step_size,
         )
         new = new._replace(adapt_state=adapt)
         return new if self._mesh is None else self._mesh.split_chains(new)
@@ -616,6 +689,7 @@ class _DEERKernel(MCMCKernel):
             "_unravel",
             "_sites_message",
             "_latent",
+            "_step_size_fn",
         ):
             state[name] = None
         return state

@@ -10,8 +10,9 @@ slots NumPyro's ``fori_collect`` would use, thinning included.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import partial
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -22,6 +23,7 @@ from . import numpyro_compat as compat
 from .block import needs_refill
 
 __all__ = [
+    "LoopFns",
     "all_need_refill",
     "buffer_size",
     "build_loop_fns",
@@ -48,19 +50,45 @@ def scatter(collection, slots, values):
     )
 
 
+class LoopFns(NamedTuple):
+    """The driver's functions for one model, kernel and run settings.
+
+    Attributes:
+        warmup: ``(state, collection, trace, n0, n1, start_idx, dynamic)``,
+            warmup steps ``n0`` to ``n1`` as one ``fori_loop``, jitted,
+            without the Hessian window ends: the host runs ``window_end``
+            then ``step_size`` at the kernel's ``window_ends``, programs that
+            compile beside this loop.
+        step_size: ``(state, use, dynamic) -> state``, the kernel's
+            ``block_step_size`` (after the initial state and each window
+            end), jitted.
+        window_end: ``(state, dynamic) -> (state, finite)``, the kernel's
+            ``block_window_end``, jitted.
+        block_step: one block refilled and scattered into the collection,
+            jitted.
+        run_all: warmup (window ends inside its steps) and every block in one
+            function, not jitted: it runs inside the chains' ``pmap``.
+        collected: ``(state, dynamic)``, the postprocessed fields of a state.
+        checked: the set the driver records its memory check in.
+    """
+
+    warmup: Callable
+    step_size: Callable
+    window_end: Callable
+    block_step: Callable
+    run_all: Callable
+    collected: Callable
+    checked: set
+
+
 def build_loop_fns(
     sampler, collect_fields, remove_sites, batched, size, thinning, static, user_post
 ):
-    """The driver's loops over ``sampler``'s block protocol, jitted.
+    """The driver's loops over ``sampler``'s block protocol (:class:`LoopFns`).
 
-    Returns ``(warmup_loop, block_step, run_all, collected, checked)``: warmup
-    steps ``n0`` to ``n1`` as one ``fori_loop`` and one block refilled and
-    scattered into the collection, both jitted; warmup and every block in one
-    function (not jitted: it runs inside the chains' ``pmap``); the
-    postprocessed fields of a state; and the set the driver records its
-    memory check in. The model's array arguments (``dynamic``) are
-    arguments, its static ones (``static``) are closed over, so the loops
-    serve every ``MCMC`` object with the same model, settings and shapes.
+    The model's array arguments (``dynamic``) are arguments, its static ones
+    (``static``) are closed over, so the loops serve every ``MCMC`` object
+    with the same model, settings and shapes.
     """
     # a snapshot: changing or re-initialising the kernel later cannot
     # change what these functions compute
@@ -82,20 +110,34 @@ def build_loop_fns(
     def collected(state, args, kwargs):
         return transform((state, args, kwargs))
 
-    def warmup_loop(state, collection, trace, n0, n1, start_idx, dynamic):
+    def warmup_steps(state, collection, trace, n0, n1, start_idx, dynamic, ends):
         """Warmup steps ``n0`` to ``n1``; ``trace[n]`` is step ``n``'s
-        potential energy (for the warmup check)."""
+        potential energy (for the warmup check). ``ends=False``: without
+        the Hessian window ends (see ``LoopFns.window_end``)."""
         args, kwargs = unflatten(dynamic)
 
         def body(n, carry):
             state, collection, trace = carry
-            state = kernel.block_warmup(state, args, kwargs, batched=batched)
+            state = kernel.block_warmup(
+                state, args, kwargs, batched=batched, window_end=ends
+            )
             slot = collection_slots(n, start_idx, thinning, True, size)
             value = jax.tree.map(lambda x: x[None], collected(state, args, kwargs))
             trace = trace.at[n].set(state.potential_energy, mode="drop")
             return state, scatter(collection, slot[None], value), trace
 
         return jax.lax.fori_loop(n0, n1, body, (state, collection, trace))
+
+    def warmup_loop(state, collection, trace, n0, n1, start_idx, dynamic):
+        return warmup_steps(
+            state, collection, trace, n0, n1, start_idx, dynamic, ends=False
+        )
+
+    def step_size(state, use, dynamic):
+        return kernel.block_step_size(state, use, *unflatten(dynamic), batched=batched)
+
+    def window_end(state, dynamic):
+        return kernel.block_window_end(state, *unflatten(dynamic), batched=batched)
 
     def block_step(state, collection, done, stats, n_offset, total, start_idx, dynamic):
         args, kwargs = unflatten(dynamic)
@@ -127,8 +169,8 @@ def build_loop_fns(
         return state, collection, done + consumed, stats
 
     def run_all(state, collection, trace, n_warmup, total, start_idx, dynamic):
-        state, collection, trace = warmup_loop(
-            state, collection, trace, 0, n_warmup, start_idx, dynamic
+        state, collection, trace = warmup_steps(
+            state, collection, trace, 0, n_warmup, start_idx, dynamic, ends=True
         )
         zero = jnp.zeros((), jnp.int32)
         limit = max_block_steps(total, buffer_size(state, batched))
@@ -148,14 +190,15 @@ def build_loop_fns(
 
     # the collection is updated in place where the backend can donate
     donate = () if jax.default_backend() == "cpu" else (1,)
-    fns = (
-        compile_cache.jit(warmup_loop, donate_argnums=donate),
-        compile_cache.jit(block_step, donate_argnums=donate),
-        run_all,
-        lambda state, dynamic: collected(state, *unflatten(dynamic)),
-        set(),  # the memory check done for these loops (see below)
+    return LoopFns(
+        warmup=compile_cache.jit(warmup_loop, donate_argnums=donate),
+        step_size=compile_cache.jit(step_size),
+        window_end=compile_cache.jit(window_end),
+        block_step=compile_cache.jit(block_step, donate_argnums=donate),
+        run_all=run_all,
+        collected=lambda state, dynamic: collected(state, *unflatten(dynamic)),
+        checked=set(),
     )
-    return fns
 
 
 def zeros(avals: Any) -> Any:

@@ -8,7 +8,7 @@ for. Each warmup draw is one step of the kernel's transition (MALA or HMC,
 ``target_accept_prob`` (Hoffman and Gelman, 2014) over the window schedule of
 Stan, and at each window end either NumPyro's own mass matrix (the windowed
 covariance of the draws) or the inverse mean Hessian
-(:func:`numpyro_deer.infer.hessian_mass.hessian_window_end`).
+(:func:`hessian_window_end`).
 
 NumPyro's adapter searches a starting step size at each window start with a
 ``find_reasonable_step_size`` written for HMC (one leapfrog step);
@@ -20,19 +20,23 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from functools import partial
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 from jax import Array
 from jax.flatten_util import ravel_pytree
-from numpyro.infer.hmc_util import build_adaptation_schedule, warmup_adapter
+from numpyro.infer.hmc_util import (
+    build_adaptation_schedule,
+    dual_averaging,
+    warmup_adapter,
+)
 
 from ..core.mala import MALA
 from ..core.metric import mass_matrix_sqrt
 from ..core.transition import Transition, make_step_fn
 from .block import DEERMALAState, record_warmup_draw
-from .hessian_mass import hessian_metric, hessian_window_end, is_hessian_window_end
+from .hessian_mass import hessian_mass, is_hessian_window_end
 
 MAX_STEP_SIZE_SEARCH = 40
 """Most doublings or halvings of the step size in one search."""
@@ -91,6 +95,109 @@ def _keep_step_size(step_size, *_):
     return step_size
 
 
+def restart_step_size(
+    adapt: Any, x: Array, find_step_size: Callable, use: Array | bool = True
+) -> Any:
+    """NumPyro's step size search and dual averaging restart, where ``use``.
+
+    What ``warmup_adapter`` does at its start and after each mass matrix
+    update: ``key, key_ss = split(adapt.rng_key)``, a search
+    (``find_step_size``, see :func:`find_reasonable_step_size`) from
+    ``adapt.step_size`` in ``adapt``'s metric at ``x``, dual averaging
+    restarted at ``log(10 eps)``, and ``key`` kept. The kernel's initial
+    state holds NumPyro's adapt state before that search (its key not yet
+    split), so the search is a program of its own for the initial state and
+    for each Hessian window end. NumPyro writes the restart as
+    ``log(10 * eps)`` at the start (``window_idx`` 0) and as ``log(10) +
+    log(eps)`` after an update; both are kept.
+    """
+    key, key_ss = jax.random.split(adapt.rng_key)
+    eps = find_step_size(adapt.step_size, adapt.inverse_mass_matrix, (x,), key_ss)
+    log_10_eps = jnp.where(
+        adapt.window_idx == 0, jnp.log(10 * eps), jnp.log(10.0) + jnp.log(eps)
+    )
+    ss_init, _ = dual_averaging()
+    new = adapt._replace(step_size=eps, ss_state=ss_init(log_10_eps), rng_key=key)
+    return jax.tree.map(lambda a, b: jnp.where(use, a, b), new, adapt)
+
+
+def hessian_metric(
+    adapt: Any,
+    potential: Callable[[Array], Array],
+    points: Array,
+    x: Array,
+    find_step_size: Callable | None,
+) -> Any:
+    """``adapt`` with the Hessian metric (:func:`~.hessian_mass.hessian_mass`)
+    and, where it is finite, the step size search restarted in it
+    (:func:`restart_step_size`; ``find_step_size=None``: not adapted)."""
+    adapt, finite = hessian_mass(adapt, potential, points)
+    if find_step_size is None:
+        return adapt
+    return restart_step_size(adapt, x, find_step_size, finite)
+
+
+def hessian_window_end(
+    before: Any,
+    after: Any,
+    potential: Callable[[Array], Array],
+    points: Array,
+    x: Array,
+    num_windows: int,
+    find_step_size: Callable | None,
+) -> Any:
+    """NumPyro's adapt state ``after`` one update, with the Hessian metric.
+
+    Args:
+        before: the ``HMCAdaptState`` before ``warmup_adapter``'s update.
+        after: the state it returned (dense mass matrix).
+        potential: the potential energy on flat unconstrained values.
+        points: curvature points, shape ``(K, D)``.
+        x: the current draw (for the step size search).
+        num_windows: windows of NumPyro's adaptation schedule.
+        find_step_size: ``(step_size, inverse_mass_matrix, z_info, key)`` ->
+            step size, or ``None`` when the step size is not adapted.
+
+    At the end of a middle window (where NumPyro updates the mass matrix,
+    :func:`~numpyro_deer.infer.hessian_mass.is_hessian_window_end`) the
+    inverse mass matrix becomes the Hessian one and the step size search
+    restarts in it (:func:`restart_step_size`), unless the mean Hessian is
+    not finite (``after`` is kept then); elsewhere ``after`` is returned
+    unchanged. This is the window end inside a warmup step (NumPyro's own
+    ``MCMC`` loop, chains in ``pmap``); :class:`numpyro_deer.MCMC`'s host loop
+    runs the same two functions as programs of their own between warmup
+    loops instead.
+    """
+
+    def replace(state):
+        return hessian_metric(state, potential, points, x, find_step_size)
+
+    return jax.lax.cond(
+        is_hessian_window_end(before, after, num_windows), replace, lambda s: s, after
+    )
+
+
+class Adapter(NamedTuple):
+    """NumPyro's ``warmup_adapter`` for a transition (:func:`build_adapter`).
+
+    Attributes:
+        init: ``init(x, key, step_size)``, NumPyro's adapt state at the flat
+            position ``x`` before its initial step size search: that search
+            is :func:`restart_step_size` with ``find_step_size``, from the
+            state's key (``key``, not yet split).
+        update: ``update(t, accept_prob, x, adapt_state, curvature_points)``,
+            NumPyro's update after warmup step ``t`` at ``x``, with the
+            Hessian window end (:func:`hessian_window_end`) unless it was
+            left out.
+        find_step_size: the step size search (:func:`find_reasonable_step_size`
+            for the transition); ``None`` when the step size is not adapted.
+    """
+
+    init: Callable
+    update: Callable
+    find_step_size: Callable | None
+
+
 def build_adapter(
     potential_flat: Callable[[Array], Array],
     num_warmup: int,
@@ -101,30 +208,32 @@ def build_adapter(
     target_accept_prob: float,
     window_end: bool = True,
     transition: Transition = MALA(),
-) -> tuple[Callable, Callable]:
+) -> Adapter:
     """NumPyro's ``warmup_adapter`` for a transition, with the Hessian mass if asked.
 
-    Returns ``(init, update)``: ``init`` is NumPyro's, and
-    ``update(t, accept_prob, x, adapt_state, curvature_points)`` its update on
-    the flat position ``x``; with ``mass_adaptation == "hessian"`` each window
-    end replaces the inverse mass matrix by the inverse mean Hessian at the
-    curvature points and restarts the step size search in the new metric.
-    ``window_end=False`` leaves that replacement out (chains advanced
-    together do it once for all, see :func:`batched_hessian_window_end`).
+    With ``mass_adaptation == "hessian"`` each window end replaces the
+    inverse mass matrix by the inverse mean Hessian at the curvature points
+    and restarts the step size search in the new metric
+    (:func:`hessian_window_end`); ``window_end=False`` leaves that out of
+    ``update``, for callers that do it themselves (once for chains advanced
+    together, :func:`batched_hessian_window_end`; between the warmup loops
+    of :class:`numpyro_deer.MCMC`).
     """
     hessian = mass_adaptation == "hessian"
-    find_step_size = partial(
-        find_reasonable_step_size,
-        potential_flat,
-        target_accept_prob,
-        transition=transition,
-    )
+    find_step_size = None
+    if adapt_step_size:
+        find_step_size = partial(
+            find_reasonable_step_size,
+            potential_flat,
+            target_accept_prob,
+            transition=transition,
+        )
     # Under the Hessian mass NumPyro's own estimate (a dense covariance of
     # the draws, updated every step, factorised at window ends) is not
     # computed: hessian_metric replaces the metric at every window end (and
     # keeps the previous one where the mean Hessian is not finite). Its step
     # size search at window ends, in the old metric, is skipped too: the
-    # search runs in the new one. The initial search is NumPyro's.
+    # search runs in the new one.
     adapter = partial(
         warmup_adapter,
         num_warmup,
@@ -133,27 +242,38 @@ def build_adapter(
         dense_mass=dense_mass or hessian,
         target_accept_prob=target_accept_prob,
     )
-    init, update = adapter(find_reasonable_step_size=find_step_size)
-    if hessian:
-        _, update = adapter(find_reasonable_step_size=_keep_step_size)
+    numpyro_init, _ = adapter(find_reasonable_step_size=_keep_step_size)
+    _, numpyro_update = adapter(
+        find_reasonable_step_size=find_step_size if not hessian else _keep_step_size
+    )
+
+    def init(x, key, step_size):
+        # the step size as the search returns it (x's dtype, not weakly
+        # typed), so the state has the types it has after the search
+        step_size = jnp.asarray(step_size, x.dtype)
+        adapt = numpyro_init((x,), key, step_size, mass_matrix_size=x.size)
+        # the search to come splits the key as NumPyro's init would have
+        return adapt if find_step_size is None else adapt._replace(rng_key=key)
+
+    def update(t, accept_prob, x, adapt, points):
+        return numpyro_update(t, accept_prob, (x,), adapt)
+
     if not hessian or not window_end:
-        return init, lambda t, accept_prob, x, adapt, points: update(
-            t, accept_prob, (x,), adapt
-        )
+        return Adapter(init, update, find_step_size)
     num_windows = len(build_adaptation_schedule(num_warmup))
 
     def update_hessian(t, accept_prob, x, adapt, points):
         return hessian_window_end(
             adapt,
-            update(t, accept_prob, (x,), adapt),
+            update(t, accept_prob, x, adapt, points),
             potential_flat,
             points,
             x,
             num_windows,
-            find_step_size if adapt_step_size else None,
+            find_step_size,
         )
 
-    return init, update_hessian
+    return Adapter(init, update_hessian, find_step_size)
 
 
 def warmup_step(
