@@ -321,8 +321,8 @@ def test_closed_form_posteriors():
         args, kwargs = make_data()
         mcmc = MCMC(
             DEERMALA(model, block_size=512, method="deer"),
-            num_warmup=400,
-            num_samples=2048,
+            num_warmup=300,
+            num_samples=1024,
             progress_bar=False,
         )
         mcmc.run(jax.random.PRNGKey(0), *args, **kwargs)

@@ -311,13 +311,17 @@ def test_hessian_window_ends_agree_on_both_paths(monkeypatch):
     import numpyro_deer.infer.kernel as kernel_module
 
     def run(driver):
+        # the blocks do not matter here: sequential, and few
         kernel = DEERMALA(
-            four_normals, block_size=16, adapt_mass_matrix="hessian", method="deer"
+            four_normals,
+            block_size=16,
+            adapt_mass_matrix="hessian",
+            method="sequential",
         )
         mcmc = driver(
             kernel,
             num_warmup=60,
-            num_samples=32,
+            num_samples=16,
             num_chains=2,
             chain_method="vectorized",
             progress_bar=False,
