@@ -332,4 +332,3 @@ def test_hessian_window_ends_agree_on_both_paths(monkeypatch):
     ours = run(MCMC)
     monkeypatch.setattr(kernel_module, "on_cpu", lambda: False)
     np.testing.assert_allclose(run(StockMCMC), ours, rtol=1e-7, atol=1e-9)
-

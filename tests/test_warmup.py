@@ -4,7 +4,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-
 from numpyro.infer.hmc_util import warmup_adapter
 
 from numpyro_deer.core import MALA, make_step_fn, make_tape
