@@ -14,6 +14,7 @@ from functools import partial
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.flatten_util import ravel_pytree
 from jax.sharding import Mesh
 from numpyro.infer.initialization import init_to_uniform
@@ -304,9 +305,9 @@ class _DEERKernel(MCMCKernel):
         state = self.initialized(program(*arguments))
         if not self._adapt_step_size:
             return state
-        return self._step_size_fn(
-            state, jnp.ones(jnp.shape(state.i), bool), arguments[2]
-        )
+        # every chain searches; a NumPy constant, not an eager jnp program
+        use = np.ones(np.shape(state.i), bool)
+        return self._step_size_fn(state, use, arguments[2])
 
     def init_program(
         self, rng_key, num_warmup, init_params, model_args, model_kwargs
