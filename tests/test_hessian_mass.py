@@ -16,11 +16,12 @@ from numpyro_deer.infer.hessian_mass import (
     EIGENVALUE_FLOOR,
     MAX_HESSIAN_DIM,
     hessian_inverse_mass,
+    hessian_mass,
     hessian_window_ends,
     is_hessian_window_end,
     resolve_mass_adaptation,
 )
-from numpyro_deer.infer.warmup import hessian_window_end
+from numpyro_deer.infer.warmup import restart_step_size
 
 
 def _precision(dim=4, seed=0):
@@ -67,9 +68,15 @@ def _adapt_states(dim):
 
 
 def _window_end(before, after, potential, points, num_windows=4):
-    x = points[-1]
+    """What a warmup step does to NumPyro's adapt state ``after`` its update
+    (``BlockProgram.warmup``): at the end of a middle window, the Hessian
+    mass (``window_end``) then, where finite, the step size search
+    (``step_size``)."""
+    if not is_hessian_window_end(before, after, num_windows):
+        return after
     find = lambda eps, inverse, z_info, key: eps * 2.0  # noqa: E731
-    return hessian_window_end(before, after, potential, points, x, num_windows, find)
+    adapt, finite = hessian_mass(after, potential, points)
+    return restart_step_size(adapt, points[-1], find, finite)
 
 
 def test_window_end_replaces_the_mass_and_restarts_the_step_size():
@@ -227,9 +234,9 @@ def test_warmup_step_without_the_window_end_traces_no_hessian():
         return _primitive_names(jax.make_jaxpr(fn)(*fn_args).jaxpr)
 
     def step(window_end):
-        return lambda s: kernel.block_warmup(s, args, kwargs, window_end=window_end)
+        return lambda s: kernel.program.warmup(s, args, kwargs, False, window_end)
 
     assert "eigh" in primitives(step(True), state)
     assert "eigh" not in primitives(step(False), state)
-    end = lambda s: kernel.block_window_end(s, args, kwargs)  # noqa: E731
+    end = lambda s: kernel.program.window_end(s, args, kwargs)  # noqa: E731
     assert "eigh" in primitives(end, state)

@@ -43,8 +43,8 @@ def test_set_up_compiles_nothing():
     kernel = DEERMALA(_thirteen)
     key = jax.random.PRNGKey(0)
     before = len(LOG.events)
-    program, arguments = kernel.init_program(key, 10, None, (Y,), {})
-    jax.eval_shape(program, *arguments)
+    init = kernel.init_program(key, 10, None, (Y,), {})
+    jax.eval_shape(init.program, *init.arguments)
     assert LOG.events[before:] == []
 
 

@@ -87,9 +87,9 @@ def test_acceptance_near_target(stock_run):
 def test_potential_energy_matches_draws(stock_run):
     mcmc, args, kwargs = stock_run
     kernel = mcmc.sampler
-    potential = kernel._potential(args, kwargs)
-    z = {"mu": mcmc.get_samples()["mu"][:20]}
-    pe = jax.vmap(lambda m: potential({"mu": m}))(z["mu"])
+    # one latent site of shape (): the flat values are the draws
+    potential = kernel.program.potential_flat(args, kwargs)
+    pe = jax.vmap(lambda m: potential(m[None]))(mcmc.get_samples()["mu"][:20])
     np.testing.assert_allclose(
         mcmc.get_extra_fields()["potential_energy"][:20], pe, rtol=1e-6
     )
@@ -101,7 +101,7 @@ def test_pickle_round_trip(stock_run):
     np.testing.assert_array_equal(
         restored.get_samples()["mu"], mcmc.get_samples()["mu"]
     )
-    assert restored.sampler._sample_fn is None  # compiled closures were dropped
+    assert restored.sampler.program is None  # the run's functions were dropped
     assert int(restored.last_state.i) == int(mcmc.last_state.i)
 
 

@@ -35,7 +35,9 @@ def test_step_size_search_crosses_the_target(start):
     key_x, key = jax.random.split(jax.random.PRNGKey(3))
     x = jax.random.normal(key_x, (D,))
     eps = float(
-        find_reasonable_step_size(_potential, TARGET, start, jnp.ones(D), (x,), key)
+        find_reasonable_step_size(
+            _potential, TARGET, start, jnp.ones(D), (x,), key, MALA()
+        )
     )
     # a real search: it moved in the right direction, within its bound
     assert (eps > start) if start < 1 else (eps < start)
@@ -61,6 +63,7 @@ def test_initial_state_then_search_is_numpyros_init(mass):
         dense_mass=False,
         adapt_step_size=True,
         target_accept_prob=TARGET,
+        transition=MALA(),
     )
     ours = restart_step_size(adapter.init(x, key, 1.0), x, adapter.find_step_size)
     init, _ = warmup_adapter(
@@ -68,6 +71,7 @@ def test_initial_state_then_search_is_numpyros_init(mass):
         find_reasonable_step_size=adapter.find_step_size,
         dense_mass=mass == "hessian",
         target_accept_prob=TARGET,
+        transition=MALA(),
     )
     theirs = init((x,), key, jnp.asarray(1.0), mass_matrix_size=D)
     assert float(ours.step_size) != 1.0  # the search moved it
@@ -84,6 +88,7 @@ def test_restart_is_skipped_where_not_used():
         dense_mass=False,
         adapt_step_size=True,
         target_accept_prob=TARGET,
+        transition=MALA(),
     )
     state = adapter.init(x, jax.random.PRNGKey(0), 1e-3)
     kept = restart_step_size(state, x, adapter.find_step_size, jnp.asarray(False))

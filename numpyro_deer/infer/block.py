@@ -1,16 +1,18 @@
-"""Blocks of MALA draws: solved by DEER, buffered in the state, handed out one by one.
+"""Blocks of draws: solved by DEER, buffered in the state, handed out one by one.
 
-A *block* is ``B`` consecutive MALA transitions after warmup, with the step size
-and mass matrix fixed. It is computed at once by :func:`refill_block` and kept in
-the kernel state as a :class:`BlockBuffer`; :func:`emit_draw` turns buffer entry
-``k`` into the kernel state after that draw. ``numpyro.infer.MCMC`` calls the
+A *block* is ``B`` consecutive transitions (MALA, HMC, ...) after warmup, with
+the step size and mass matrix fixed. It is computed at once by
+:func:`refill_block` and kept in the kernel state as a :class:`BlockBuffer`;
+:func:`emit_draw` turns buffer entry ``k`` into the kernel state after that
+draw. ``numpyro.infer.MCMC`` calls the
 kernel once per draw and so emits entries one at a time; the block driver
 (:class:`numpyro_deer.MCMC`) emits a whole block per loop iteration from the same
 buffer, so both hand out the same chain.
 
 The block is solved in whitened coordinates ``w = L^{-1} x`` (``M = L L^T`` the
-inverse mass matrix adapted in warmup), where MALA with preconditioner ``M``
-becomes MALA with the identity (Roberts and Stramer, 2002). A block whose DEER
+inverse mass matrix adapted in warmup), where a transition with
+preconditioner ``M`` becomes the same transition with the identity (Roberts
+and Stramer, 2002, for MALA). A block whose DEER
 solve does not pass is finished sequentially: the states up to the solve's front
 are kept (each certified against its predecessor) and the rest of the block is
 computed one step after the other with the same tape, so its draws are the chain
@@ -27,7 +29,6 @@ import jax.numpy as jnp
 from jax import Array
 
 from ..core.hessian import curvature_basis
-from ..core.mala import MALA
 from ..core.metric import mass_matrix_sqrt, mul_sqrt, solve_sqrt, whiten
 from ..core.newton import RESULTS, DEERSolver, NewtonInfo, deer_solve, no_solve_info
 from ..core.transition import (
@@ -68,8 +69,9 @@ class BlockBuffer(NamedTuple):
     info: NewtonInfo
 
 
-class DEERMALAState(NamedTuple):
-    """State of :class:`~numpyro_deer.DEERMALA`, one per draw.
+class DEERState(NamedTuple):
+    """State of a block kernel (:class:`~numpyro_deer.DEERMALA`,
+    :class:`~numpyro_deer.DEERHMC`), one per draw.
 
     Attributes:
         i: iteration, counting warmup.
@@ -161,7 +163,7 @@ def empty_block(block_size: int, z_flat: Array, rng_key: Array) -> BlockBuffer:
     )
 
 
-def needs_refill(state: DEERMALAState) -> Array:
+def needs_refill(state: DEERState) -> Array:
     """The buffer is used up, or the state's key is not the one it was made with."""
     block = state.block
     exhausted = block.index >= block.z.shape[0]
@@ -182,15 +184,15 @@ def solve_potential(
 
 
 def refill_block(
-    state: DEERMALAState,
+    state: DEERState,
     potential_flat: Callable[[Array], Array],
     ravel: Callable[[Any], Array],
     solver: DEERSolver,
-    method: str = "deer",
-    on_failure: str = "sequential",
-    transition: Transition = MALA(),
+    method: str,
+    on_failure: str,
+    transition: Transition,
     mesh: TimeMesh | None = None,
-) -> DEERMALAState:
+) -> DEERState:
     """Solve the next block from ``state.z`` with a fresh tape; ``index = 0``.
 
     ``method="sequential"`` computes the block with the sequential scan of the
@@ -289,11 +291,11 @@ def refill_block(
 
 
 def emit_draw(
-    state: DEERMALAState,
+    state: DEERState,
     k: Array,
     unravel: Callable[[Array], Any],
     num_warmup: int,
-) -> DEERMALAState:
+) -> DEERState:
     """The state after handing out buffer entry ``k`` (``index = k + 1``)."""
     block = state.block
     i = block.start_i + k + 1

@@ -2,10 +2,10 @@
 
 Stock ``MCMC`` calls the kernel once per draw; on a GPU that loop alone costs
 more than a sequential MALA step (see the performance page of the docs). For a
-block kernel (one with ``block_refill`` and ``block_emit``, such as
+block kernel (:class:`~numpyro_deer.infer.protocol.BlockKernel`, such as
 :class:`~numpyro_deer.DEERMALA`) this driver instead
 
-* runs warmup as a compiled loop of the kernel's own ``sample`` (so warmup is
+* runs warmup as a compiled loop of the run's own warmup step (so warmup is
   exactly what stock ``MCMC`` does), in chunks for the progress bar;
 * then, per loop iteration, refills the kernel's block (one DEER solve), maps
   NumPyro's postprocess over all its draws with :func:`jax.vmap`, and scatters
@@ -45,6 +45,7 @@ from .convergence import (
     warn_unconverged,
 )
 from .host_run import (
+    HostRun,
     Programs,
     i32,
     initial_state,
@@ -56,25 +57,35 @@ from .host_run import (
 )
 from .method import device_choice
 from .progress import Progress
+from .protocol import is_block_kernel
 from .transit import WarmupTransitWarning, warmup_transit
 
 logger = logging.getLogger("numpyro_deer")
 
-__all__ = ["MCMC", "DEERConvergenceError", "DEERConvergenceWarning", "is_block_kernel"]
-
-
-def is_block_kernel(kernel) -> bool:
-    """Whether ``kernel`` offers the block protocol the driver uses."""
-    names = ("block_warmup", "block_refill", "block_emit", "block_size")
-    return all(hasattr(kernel, name) for name in names)
+__all__ = ["MCMC", "DEERConvergenceError", "DEERConvergenceWarning"]
 
 
 class MCMC(numpyro.infer.MCMC):
     """``numpyro.infer.MCMC`` with a fast path for block kernels.
 
     Same constructor, methods and results as :class:`numpyro.infer.MCMC`. With
-    a :class:`~numpyro_deer.DEERMALA` kernel it advances one block of draws per
-    loop iteration; other kernels run exactly as in NumPyro.
+    a block kernel (:class:`~numpyro_deer.DEERMALA`,
+    :class:`~numpyro_deer.DEERHMC`: :class:`~numpyro_deer.infer.protocol.BlockKernel`)
+    it advances one block of draws per loop iteration; other kernels run
+    exactly as in NumPyro.
+
+    Args:
+        sampler: the kernel.
+        num_warmup: warmup steps per chain.
+        num_samples: draws per chain (steps, thinning included).
+        num_chains: chains.
+        thinning: keep every ``thinning``-th draw.
+        postprocess_fn: NumPyro's post-processing of the latent values
+            (default: the kernel's).
+        chain_method: ``"parallel"``, ``"sequential"`` or ``"vectorized"``.
+        progress_bar: show a progress bar (with the draws per second).
+        progress_rate: NumPyro's progress bar update rate (stock loop only).
+        jit_model_args: compile the model arguments as arguments (NumPyro's).
 
     Example::
 
@@ -84,14 +95,36 @@ class MCMC(numpyro.infer.MCMC):
         mcmc.run(jax.random.PRNGKey(0), X, y)
     """
 
-    def __init__(self, sampler, **kwargs):
-        super().__init__(sampler, **kwargs)
-        self._block_fns = {}
+    def __init__(
+        self,
+        sampler,
+        *,
+        num_warmup: int,
+        num_samples: int,
+        num_chains: int = 1,
+        thinning: int = 1,
+        postprocess_fn=None,
+        chain_method: str = "parallel",
+        progress_bar: bool = True,
+        progress_rate: int | None = None,
+        jit_model_args: bool = False,
+    ):
+        super().__init__(
+            sampler,
+            num_warmup=num_warmup,
+            num_samples=num_samples,
+            num_chains=num_chains,
+            thinning=thinning,
+            postprocess_fn=postprocess_fn,
+            chain_method=chain_method,
+            progress_bar=progress_bar,
+            progress_rate=progress_rate,
+            jit_model_args=jit_model_args,
+        )
         self._chain_stats = []
 
     def __getstate__(self):
         state = super().__getstate__()
-        state["_block_fns"] = {}
         state["_chain_stats"] = []
         return state
 
@@ -117,56 +150,9 @@ class MCMC(numpyro.infer.MCMC):
     def _warn_failed_blocks(self, stats) -> None:
         blocks, failed, bits = (int(s) for s in stats)
         if failed:
-            on_failure = getattr(self.sampler, "on_failure", "sequential")
-            warn_unconverged(failed, blocks, on_failure, bits, stacklevel=4)
-
-    # ------------------------------------------------------------- loop fns
-    def _loop_fns(self, collect_fields, remove_sites, batched, size, static):
-        """The compiled loops for these settings, shared by every ``MCMC`` object.
-
-        The model's array arguments are arguments of the compiled loops (never
-        closed over), so new data of the same shape, or a buffer refilled in
-        place, reuses them and is read afresh; ``static`` (see
-        :func:`~numpyro_deer.infer.compile_cache.split_model_args`) holds the
-        argument tree and its non-array leaves (Python numbers, strings,
-        ``None``: the ones shapes depend on), compared by value. The loops are
-        kept in :mod:`~numpyro_deer.infer.compile_cache` under the kernel's
-        :meth:`compile_key` and these settings, so a second ``MCMC`` object for
-        the same model, settings and shapes compiles none of them again; they
-        are also listed on the object (``_block_fns``).
-        """
-        settings = (
-            collect_fields,
-            remove_sites,
-            batched,
-            size,
-            self.thinning,
-            static,
-            self.postprocess_fn,
-        )
-        kernel_key = getattr(self.sampler, "compile_key", lambda: None)()
-        shared = None if kernel_key is None else ("loops", kernel_key, settings)
-        try:
-            fns = self._block_fns.get((kernel_key, settings))
-        except TypeError:  # unhashable non-array arguments: no caching
-            return loops.build_loop_fns(self.sampler, *settings)
-        if fns is None:
-            fns = compile_cache.cached(
-                shared, lambda: loops.build_loop_fns(self.sampler, *settings)
+            warn_unconverged(
+                failed, blocks, self.sampler.on_failure, bits, stacklevel=4
             )
-            if shared is not None:
-                # warmup does not depend on the blocks' method: one set of
-                # warmup programs for all (method="auto" measures both, then
-                # keeps one)
-                warmup_key = ("warmup", self.sampler.compile_key(False), settings)
-                warm = compile_cache.cached(
-                    warmup_key, lambda: (fns.warmup, fns.step_size, fns.window_end)
-                )
-                fns = fns._replace(
-                    warmup=warm[0], step_size=warm[1], window_end=warm[2]
-                )
-            self._block_fns[(kernel_key, settings)] = fns
-        return fns
 
     # ------------------------------------------------------------------ run
     def _single_chain_mcmc(self, init, args, kwargs, collect_fields, remove_sites):
@@ -175,10 +161,12 @@ class MCMC(numpyro.infer.MCMC):
                 init, args, kwargs, collect_fields, remove_sites
             )
         compat.check_mcmc_internals(self)
+        kernel = self.sampler
         rng_key, init_state, init_params = init
         init_state, init_program = self._initial_state(
             rng_key, init_state, init_params, args, kwargs
         )
+        program = kernel.program
         lower, upper, size, phase = compat.collection_params(self)
         thinning = self.thinning
         size = (upper - lower) // thinning if size is None else size // thinning
@@ -189,15 +177,24 @@ class MCMC(numpyro.infer.MCMC):
             args, kwargs, self._jit_model_args
         )
         traced = isinstance(init_state.i, jax.core.Tracer)
-        choose = self._method_to_choose(init_state, upper - n_warmup, batched, traced)
-
-        def loop_fns():
-            return self._loop_fns(collect_fields, remove_sites, batched, size, static)
-
-        fns = loop_fns()
-        with translate_tracer_errors():
-            proto = jax.eval_shape(fns.collected, init_state, dynamic)
         total = upper - n_warmup
+        choose = self._method_to_choose(init_state, total, batched, traced)
+        settings = loops.LoopSettings(
+            tuple(collect_fields),
+            tuple(remove_sites),
+            batched,
+            size,
+            thinning,
+            static,
+            self.postprocess_fn,
+        )
+
+        def fns(method):
+            return loops.loop_fns(program, method, settings)
+
+        method = kernel_method(kernel)
+        with translate_tracer_errors():
+            proto = jax.eval_shape(fns(method).collected, init_state, dynamic)
         # one entry at least: a run without warmup writes nothing to it
         trace_shape = (max(n_warmup, 1),) + jnp.shape(init_state.potential_energy)
         collection, trace = loops.zeros(
@@ -213,26 +210,24 @@ class MCMC(numpyro.infer.MCMC):
         if traced:
             # inside pmap or jit: one compiled loop, no progress bar; the
             # failed-block counts travel out with the state (see _run_parallel)
-            state, collection, stats, _, _ = fns.run_all(
+            state, collection, stats, _, _ = fns(method).run_all(
                 init_state, collection, trace, n_warmup, total, start_idx, dynamic
             )
             jax.debug.callback(self._record_chain_stats, *stats)
         else:
+            run = HostRun(
+                kernel=kernel,
+                fns=fns,
+                init=init_program,
+                plan=warmup_plan(program, first, n_warmup),
+                total=total,
+                start=i32(start_idx),
+                dynamic=dynamic,
+                batched=batched,
+            )
             with translate_tracer_errors():
                 state, collection = self._run_on_host(
-                    loop_fns,
-                    init_state,
-                    collection,
-                    trace,
-                    warmup_plan(self.sampler, first, n_warmup),
-                    total,
-                    start_idx,
-                    phase,
-                    dynamic,
-                    batched,
-                    choose,
-                    fns.checked,
-                    init_program,
+                    run, (init_state, collection, trace), phase, choose
                 )
         if len(collect_fields) == 1:
             collection = (collection,)
@@ -243,34 +238,32 @@ class MCMC(numpyro.infer.MCMC):
         compute it if that is left to the run.
 
         A block kernel starting afresh on the host (no state given, no mesh,
-        not inside ``pmap``) gives ``init_program`` (``(program, arguments)``,
-        see :meth:`~numpyro_deer.infer.kernel._DEERKernel.init_program`) and
-        ``state`` holds only its shapes and dtypes: :meth:`_run_on_host`
-        compiles the program beside the warmup loop and the blocks, whose
-        compiles start from those shapes. Otherwise ``init_program`` is
-        ``None``.
+        not inside ``pmap``) gives ``init_program``
+        (:class:`~numpyro_deer.infer.kernel.InitProgram`) and ``state`` holds
+        only its shapes and dtypes: :meth:`_run_on_host` compiles the program
+        beside the warmup loop and the blocks, whose compiles start from
+        those shapes. Otherwise ``init_program`` is ``None``. Either way the
+        kernel's blocks are fitted to the run (NumPyro's ``num_samples``
+        counts the steps, thinning included).
         """
         kernel = self.sampler
-        if init_state is not None and getattr(kernel, "_sample_fn", None) is not None:
+        if init_state is not None and kernel.program is not None:
             return init_state, None
-        if hasattr(kernel, "fit_block_size"):
-            # NumPyro's num_samples counts the steps, thinning included
-            kernel.fit_block_size(self.num_samples)
         data = {"model_args": args, "model_kwargs": kwargs}
+        init = kernel.init_program(
+            rng_key, self.num_warmup, init_params, **data, num_samples=self.num_samples
+        )
         if (
             init_state is None
-            and hasattr(kernel, "init_program")
-            and getattr(kernel, "mesh", None) is None
+            and kernel.mesh is None
             and not isinstance(rng_key, jax.core.Tracer)
         ):
-            program, arguments = kernel.init_program(
-                rng_key, self.num_warmup, init_params, **data
-            )
             with translate_tracer_errors():
-                shapes, _ = jax.eval_shape(program, *arguments)
-            return shapes, (program, arguments)
-        state = kernel.init(rng_key, self.num_warmup, init_params, **data)
-        return (state if init_state is None else init_state), None
+                shapes, _ = jax.eval_shape(init.program, *init.arguments)
+            return shapes, init
+        if init_state is not None:
+            return init_state, None
+        return kernel.start(init), None
 
     def _check_block_memory(self, name: str, compiled, checked: set) -> None:
         """Compare a compiled block program's memory with the device's.
@@ -282,12 +275,13 @@ class MCMC(numpyro.infer.MCMC):
         free = memory.free_device_bytes()
         if free is None or name in checked:
             return
+        kernel = self.sampler
         memory.check_block_memory(
             memory.compiled_bytes(compiled),
             free,
-            self.sampler.block_size,
-            kernel=type(self.sampler).__name__,
-            multiple=getattr(self.sampler, "block_multiple", 1),
+            kernel.program.block_size,
+            kernel=type(kernel).__name__,
+            multiple=kernel.block_multiple,
         )
         checked.add(name)
 
@@ -311,7 +305,7 @@ class MCMC(numpyro.infer.MCMC):
         device's rule (a provisional choice is kept).
         """
         kernel = self.sampler
-        if getattr(kernel, "method", None) != "auto":
+        if kernel.method != "auto":
             return False
         current = kernel.method_choice
         if current is not None and current.final:
@@ -343,77 +337,55 @@ class MCMC(numpyro.infer.MCMC):
         if message is not None:
             warnings.warn(message, WarmupTransitWarning, stacklevel=5)
 
-    def _run_on_host(
-        self,
-        loop_fns,
-        state,
-        collection,
-        trace,
-        plan,
-        total,
-        start_idx,
-        phase,
-        dynamic,
-        batched,
-        choose,
-        checked,
-        init_program,
-    ):
+    def _run_on_host(self, run: HostRun, carry, phase, choose: bool):
         """Warmup in chunks, then one block per call, from the host.
 
-        The initial state's program (``init_program``, if the state is still
-        to compute: ``state`` holds its shapes), the step size search, the
-        warmup loop, the Hessian window end (as the warmup ``plan`` needs
+        The initial state's program (``run.init``, if the state is still to
+        compute: ``carry``'s state holds its shapes), the step size search,
+        the warmup loop, the Hessian window end (as the warmup plan needs
         them) and the block programs are lowered, then compiled in the
         background, side by side
         (:class:`~numpyro_deer.infer.host_run.Programs`); each runs as soon as
         its own compile is done, and a block program's memory is checked
-        before its first block. The progress bar advances
-        after each warmup chunk and each block. To measure the methods of
-        ``method="auto"`` (``choose``) the first block after warmup is computed
-        sequentially, the first block after the DEER program is compiled with
-        DEER, and the faster computes the rest; blocks in between are
-        sequential. A run that ends before DEER is compiled keeps a
-        provisional choice (``MethodChoice.final`` false), measured again by
-        the next run.
-        """  # fmt: skip
-        kernel = self.sampler
-        start = i32(start_idx)
+        before its first block. The progress bar advances after each warmup
+        chunk and each block. To measure the methods of ``method="auto"``
+        (``choose``) the first block after warmup is computed sequentially,
+        the first block after the DEER program is compiled with DEER, and the
+        faster computes the rest; blocks in between are sequential. A run
+        that ends before DEER is compiled keeps a provisional choice
+        (``MethodChoice.final`` false), measured again by the next run.
+        """
+        kernel, plan = run.kernel, run.plan
         trials = ["sequential", "deer"] if choose else []
-        methods = (trials or [kernel_method(kernel)]) if total > 0 else []
+        methods = (trials or [kernel_method(kernel)]) if run.total > 0 else []
         stages = (["warmup"] if plan.steps else []) + [f"{m} blocks" for m in methods]
-
-        def set_trial(name):
-            kernel._trial_method = name
-
-        with Progress(plan.steps + total, self.progress_bar, phase) as progress:
+        state, collection, trace = carry
+        with Progress(plan.steps + run.total, self.progress_bar, phase) as progress:
             if stages:
                 progress.compiling(" and ".join(stages))
             lowered = lower_programs(
-                init_program, loop_fns, plan, methods, bool(trials), state,
-                collection, trace, total, start, dynamic, set_trial,
-            )  # fmt: skip
+                run, state, collection, trace, methods, bool(trials)
+            )
+            checked = run.fns(kernel_method(kernel)).checked
             programs = Programs(
                 lowered,
                 progress,
                 partial(self._check_block_memory, checked=checked),
-                placed=getattr(kernel, "mesh", None) is not None,
+                placed=kernel.mesh is not None,
             )
-            if init_program is not None:
-                state = initial_state(programs, kernel, init_program, plan, dynamic)
+            if run.init is not None:
+                state = initial_state(programs, run)
             if plan.steps:
                 state, collection, trace = run_warmup(
-                    programs, progress, (state, collection, trace), plan, start,
-                    dynamic,
-                )  # fmt: skip
+                    programs, progress, (state, collection, trace), run
+                )
                 self._check_warmup(trace, plan.steps)
             state, collection, stats = run_blocks(
-                programs, progress, kernel, trials, self._choose,
-                (state, collection), plan.steps, total, start, dynamic, batched,
-            )  # fmt: skip
+                programs, progress, run, trials, self._choose, (state, collection)
+            )
         self._warn_failed_blocks(stats)
         return state, collection
 
     def _choose(self, choice) -> None:
-        self.sampler._set_method_choice(choice)
+        self.sampler.remember_method(choice)
         logger.info("method='auto': %s (%s)", choice.method, choice.reason)

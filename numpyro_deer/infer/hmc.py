@@ -10,10 +10,10 @@ from numpyro.infer.initialization import init_to_uniform
 
 from ..core.hmc import HMC
 from ..core.newton import DEERSolver
-from .kernel import _DEERKernel
+from .kernel import DEERKernel
 
 
-class DEERHMC(_DEERKernel):
+class DEERHMC(DEERKernel):
     r"""Hamiltonian Monte Carlo, parallel across the chain length.
 
     Each transition draws a momentum, takes ``num_steps`` leapfrog steps

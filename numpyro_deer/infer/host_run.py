@@ -86,45 +86,68 @@ class Programs:
         return program(*args)
 
 
-def lower_programs(
-    init_program, fns, plan, methods, trial, state, collection, trace, total,
-    start, dynamic, set_trial,
-):  # fmt: skip
+class HostRun(NamedTuple):
+    """What a run from the host computes, besides its carry.
+
+    Attributes:
+        kernel: the block kernel (:class:`~numpyro_deer.infer.protocol.BlockKernel`).
+        fns: ``fns(method)``, the run's loop functions with blocks by
+            ``method`` (:class:`~.loops.LoopFns`).
+        init: the initial state's program if the run computes it
+            (:class:`~numpyro_deer.infer.kernel.InitProgram`), else ``None``.
+        plan: the warmup plan (:class:`WarmupPlan`).
+        total: sampling steps.
+        start: the first collected iteration (NumPyro's ``start_idx``).
+        dynamic: the model's array arguments.
+        batched: vectorized chains.
+    """
+
+    kernel: Any
+    fns: Callable
+    init: Any
+    plan: WarmupPlan
+    total: int
+    start: jax.Array
+    dynamic: tuple
+    batched: bool
+
+
+def lower_programs(run: HostRun, state, collection, trace, methods, trial: bool):
     """The programs of a run, lowered (traced to StableHLO) one by one:
     yields ``(name, lowered)`` in the order the run needs them.
 
-    ``"init"`` (the initial state, if ``init_program`` is given),
-    ``"step_size"`` and ``"warmup"`` and ``"window_end"`` as the warmup
-    ``plan`` needs them (:class:`WarmupPlan`), then a block step per name in
-    ``methods``, each traced with that method if ``trial``
-    (``method="auto"`` measuring both: ``set_trial(name)`` sets it, and
-    ``fns()`` gives the run's loop functions, :class:`~.loops.LoopFns`).
+    ``"init"`` (the initial state, if ``run.init``), ``"step_size"`` and
+    ``"warmup"`` and ``"window_end"`` as the warmup plan needs them, then a
+    block step per name in ``methods``: by that method if ``trial``
+    (``method="auto"`` measuring both), else by the kernel's.
     """
     zero = i32(0)
-    loop = fns()
-    if init_program is not None:
-        program, arguments = init_program
-        yield "init", program.lower(*arguments)
-    if plan.search and (init_program is not None or plan.stops):
+    plan, dynamic = run.plan, run.dynamic
+    loop = run.fns(kernel_method(run.kernel))
+    if run.init is not None:
+        yield "init", run.init.program.lower(*run.init.arguments)
+    if plan.search and (run.init is not None or plan.stops):
         use = jax.ShapeDtypeStruct(np.shape(state.i), bool)
         yield "step_size", loop.step_size.lower(state, use, dynamic)
     if plan.steps:
         yield (
             "warmup",
-            loop.warmup.lower(state, collection, trace, zero, i32(1), start, dynamic),
+            loop.warmup.lower(
+                state, collection, trace, zero, i32(1), run.start, dynamic
+            ),
         )
     if plan.stops:
         yield "window_end", loop.window_end.lower(state, dynamic)
     for name in methods:
-        set_trial(name if trial else None)
-        try:
-            lowered = fns().block_step.lower(
-                state, collection, zero, (zero, zero, zero), i32(plan.steps),
-                i32(total), start, dynamic,
-            )  # fmt: skip
-        finally:
-            set_trial(None)
-        yield name, lowered
+        block_step = run.fns(name if trial else kernel_method(run.kernel)).block_step
+        counters = (zero, zero, zero)
+        steps, total = i32(plan.steps), i32(run.total)
+        yield (
+            name,
+            block_step.lower(
+                state, collection, zero, counters, steps, total, run.start, dynamic
+            ),
+        )
 
 
 class WarmupPlan(NamedTuple):
@@ -143,28 +166,29 @@ class WarmupPlan(NamedTuple):
     search: bool
 
 
-def warmup_plan(kernel, first: int, steps: int) -> WarmupPlan:
+def warmup_plan(program, first: int, steps: int) -> WarmupPlan:
     """The warmup plan of ``steps`` steps from iteration count ``first``
-    (the kernel's ``window_ends`` and ``adapts_step_size``)."""
-    ends = getattr(kernel, "window_ends", ())
-    stops = tuple(e - first for e in ends if first < e <= first + steps)
-    return WarmupPlan(steps, stops, bool(getattr(kernel, "adapts_step_size", False)))
+    (the program's ``window_ends`` and ``adapts_step_size``)."""
+    stops = tuple(e - first for e in program.window_ends if first < e <= first + steps)
+    return WarmupPlan(steps, stops, program.adapts_step_size)
 
 
-def initial_state(programs: Programs, kernel, init_program, plan: WarmupPlan, dynamic):
-    """The initial state ``init_program`` computes, its step size searched."""
-    state = kernel.initialized(programs("init", *init_program[1]))
-    if plan.search:
-        use = jax.device_put(np.ones(np.shape(state.i), bool))
-        state = programs("step_size", state, use, dynamic)
-    return state
+def initial_state(programs: Programs, run: HostRun):
+    """The initial state ``run.init`` computes (the kernel's ``start``), by
+    the programs compiled in the background."""
+
+    def call(name, fn, *args):
+        if name == "step_size":  # a device array: compiles nothing eagerly
+            args = (args[0], jax.device_put(args[1]), run.dynamic)
+        return programs(name, *args)
+
+    return run.kernel.start(run.init, call)
 
 
-def run_warmup(
-    programs: Programs, progress: Progress, carry, plan: WarmupPlan, start, dynamic
-):
-    """The ``plan.steps`` warmup steps in chunks, and the window ends at its
-    stops; ``carry`` is ``(state, collection, trace)``, returned advanced."""
+def run_warmup(programs: Programs, progress: Progress, carry, run: HostRun):
+    """The warmup steps in chunks, and the window ends at the plan's stops;
+    ``carry`` is ``(state, collection, trace)``, returned advanced."""
+    plan, dynamic = run.plan, run.dynamic
     programs.get("warmup")
     progress.running("warmup")
     done, last, seconds = 0, 0, 0.0
@@ -172,7 +196,9 @@ def run_warmup(
         stop = min([s for s in plan.stops if s > done] + [plan.steps])
         chunk = min(next_chunk(done, plan.steps - done, seconds, last), stop - done)
         tic = time.perf_counter()
-        carry = programs("warmup", *carry, i32(done), i32(done + chunk), start, dynamic)
+        carry = programs(
+            "warmup", *carry, i32(done), i32(done + chunk), run.start, dynamic
+        )
         postfix = warmup_postfix(carry[0])  # waits for the chunk
         seconds, last = time.perf_counter() - tic, chunk
         done += chunk
@@ -188,17 +214,12 @@ def run_warmup(
 def run_blocks(
     programs: Programs,
     progress: Progress,
-    kernel,
+    run: HostRun,
     trials: list[str],
     choose: Callable[[MethodChoice], None],
     carry,
-    n_warmup: int,
-    total: int,
-    start,
-    dynamic,
-    batched: bool,
 ):
-    """The ``total`` sampling steps, one block per call; ``carry`` is
+    """The ``run.total`` sampling steps, one block per call; ``carry`` is
     ``(state, collection)``. Returns ``(state, collection, stats)``.
 
     With ``trials`` (``["sequential", "deer"]``, ``method="auto"`` measuring
@@ -208,6 +229,7 @@ def run_blocks(
     does not fit the device's free memory the sequential scan is chosen.
     """
     state, collection = carry
+    kernel, total, batched = run.kernel, run.total, run.batched
     chains = int(np.size(state.i))
     done, stats = i32(0), (i32(0), i32(0), i32(0))
     timings = {}
@@ -228,9 +250,16 @@ def run_blocks(
         before = int(done)
         tic = time.perf_counter()
         state, collection, done, stats = programs(
-            name, state, collection, done, stats, i32(n_warmup), i32(total),
-            start, dynamic,
-        )  # fmt: skip
+            name,
+            state,
+            collection,
+            done,
+            stats,
+            i32(run.plan.steps),
+            i32(total),
+            run.start,
+            run.dynamic,
+        )
         consumed = int(done) - before  # waits for the block
         seconds = time.perf_counter() - tic
         steps += 1
@@ -259,9 +288,8 @@ def next_method(trials: list, timings: dict, programs: Programs, kernel) -> str:
 
 
 def kernel_method(kernel) -> str:
-    """The method a block kernel computes blocks with (``"deer"`` if it does
-    not say)."""
-    return getattr(kernel, "method_chosen", None) or "deer"
+    """The method a block kernel computes blocks with, as it stands."""
+    return kernel.method_chosen
 
 
 def check_progress(done, total: int, state, batched: bool) -> None:

@@ -26,7 +26,7 @@ from jax.flatten_util import ravel_pytree
 from numpyro.infer.util import initialize_model
 from numpyro.util import is_prng_key
 
-from .block import NUM_CURVATURE_POINTS, DEERMALAState, empty_block
+from .block import NUM_CURVATURE_POINTS, DEERState, empty_block
 from .checks import check_model, translate_tracer_errors
 
 
@@ -204,7 +204,7 @@ def initial_state(
     adapter_init: Callable,
     step_size: float,
     block_size: int,
-) -> DEERMALAState:
+) -> DEERState:
     """The state before the first warmup step, at ``params``.
 
     ``adapter_init`` is NumPyro's ``warmup_adapter`` init
@@ -218,7 +218,7 @@ def initial_state(
         potential = potential_flat(z_flat)
     adapt = adapter_init(z_flat, key_adapt, step_size)
     zero = jnp.zeros((), z_flat.dtype)
-    return DEERMALAState(
+    return DEERState(
         i=jnp.zeros((), jnp.int32),
         z=params,
         potential_energy=potential,

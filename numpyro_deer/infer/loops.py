@@ -1,9 +1,10 @@
-"""The compiled loops of :class:`numpyro_deer.MCMC`, built on a block kernel.
+"""The compiled loops of :class:`numpyro_deer.MCMC`, built on a block kernel's run.
 
-A block kernel offers ``block_warmup`` (one warmup step), ``block_refill`` (a
-new block where the buffer is used up) and ``block_emit`` (the state after
-handing out one buffer entry). The loops here run warmup as a ``fori_loop`` of
-``block_warmup``, and each sampling iteration as one refill whose draws are
+A run (:class:`~numpyro_deer.infer.program.BlockProgram`) offers ``warmup``
+(one warmup step), ``refill`` (a new block where the buffer is used up) and
+``emit`` (the state after handing out one buffer entry). The loops here run
+warmup as a ``fori_loop`` of ``warmup``, and each sampling iteration as one
+refill whose draws are
 postprocessed with :func:`jax.vmap` and scattered into the collection at the
 slots NumPyro's ``fori_collect`` would use, thinning included.
 """
@@ -24,9 +25,10 @@ from .block import needs_refill
 
 __all__ = [
     "LoopFns",
+    "LoopSettings",
     "all_need_refill",
     "buffer_size",
-    "build_loop_fns",
+    "loop_fns",
     "max_block_steps",
     "zeros",
 ]
@@ -50,26 +52,52 @@ def scatter(collection, slots, values):
     )
 
 
+class LoopSettings(NamedTuple):
+    """The driver's settings the loops are traced with (hashable: part of
+    their compile-cache keys).
+
+    Attributes:
+        collect_fields: the state fields collected (NumPyro's).
+        remove_sites: sites left out of the collection (NumPyro's).
+        batched: vectorized chains (a leading chain axis on the state).
+        size: draws collected.
+        thinning: NumPyro's thinning.
+        static: the model arguments' structure and non-array leaves
+            (:func:`~numpyro_deer.infer.compile_cache.split_model_args`).
+        postprocess_fn: the ``MCMC`` object's own ``postprocess_fn``, or
+            ``None`` for the kernel's.
+    """
+
+    collect_fields: tuple
+    remove_sites: tuple
+    batched: bool
+    size: int
+    thinning: int
+    static: Any
+    postprocess_fn: Callable | None
+
+
 class LoopFns(NamedTuple):
-    """The driver's functions for one model, kernel and run settings.
+    """The driver's functions for one run (:func:`loop_fns`).
 
     Attributes:
         warmup: ``(state, collection, trace, n0, n1, start_idx, dynamic)``,
             warmup steps ``n0`` to ``n1`` as one ``fori_loop``, jitted,
             without the Hessian window ends: the host runs ``window_end``
-            then ``step_size`` at the kernel's ``window_ends``, programs that
+            then ``step_size`` at the program's ``window_ends``, programs that
             compile beside this loop.
-        step_size: ``(state, use, dynamic) -> state``, the kernel's
-            ``block_step_size`` (after the initial state and each window
-            end), jitted.
-        window_end: ``(state, dynamic) -> (state, finite)``, the kernel's
-            ``block_window_end``, jitted.
-        block_step: one block refilled and scattered into the collection,
+        step_size: ``(state, use, dynamic) -> state``, the program's
+            ``step_size`` (after the initial state and each window end),
             jitted.
+        window_end: ``(state, dynamic) -> (state, finite)``, the program's
+            ``window_end``, jitted.
+        block_step: one block refilled by the run's method and scattered
+            into the collection, jitted.
         run_all: warmup (window ends inside its steps) and every block in one
             function, not jitted: it runs inside the chains' ``pmap``.
         collected: ``(state, dynamic)``, the postprocessed fields of a state.
-        checked: the set the driver records its memory check in.
+        checked: the set the driver records the block program's memory
+            check in (once per compiled program).
     """
 
     warmup: Callable
@@ -81,83 +109,114 @@ class LoopFns(NamedTuple):
     checked: set
 
 
-def build_loop_fns(
-    sampler, collect_fields, remove_sites, batched, size, thinning, static, user_post
-):
-    """The driver's loops over ``sampler``'s block protocol (:class:`LoopFns`).
+def loop_fns(program, method: str, settings: LoopSettings) -> LoopFns:
+    """The driver's loops over ``program``'s steps, blocks by ``method``.
 
-    The model's array arguments (``dynamic``) are arguments, its static ones
-    (``static``) are closed over, so the loops serve every ``MCMC`` object
-    with the same model, settings and shapes.
+    The model's array arguments (``dynamic``) are arguments of the loops,
+    the rest (``settings.static``) is closed over, so new data of the same
+    shape reuses them and is read afresh. The warmup programs and the block
+    step are kept in :mod:`~numpyro_deer.infer.compile_cache` under the
+    program's :meth:`~numpyro_deer.infer.program.BlockProgram.key` and
+    ``settings``: warmup's without the method (``method="auto"`` measures
+    both methods after one warmup), so a second ``MCMC`` object for the same
+    model, settings and shapes compiles none of them again.
     """
-    # a snapshot: changing or re-initialising the kernel later cannot
-    # change what these functions compute
-    kernel = compile_cache.snapshot(sampler)
+    warm = compile_cache.cached(
+        ("warmup", program.key(None), settings),
+        lambda: _warmup_fns(_Traced(program, settings)),
+    )
+    block = compile_cache.cached(
+        ("blocks", program.key(method), settings),
+        lambda: _block_fns(_Traced(program, settings), method),
+    )
+    traced = _Traced(program, settings)
+    return LoopFns(
+        warmup=warm[0],
+        step_size=warm[1],
+        window_end=warm[2],
+        block_step=block[0],
+        run_all=partial(_run_all, traced, method),
+        collected=traced.collected_dynamic,
+        checked=block[1],
+    )
 
-    def postprocess(z, args, kwargs):
-        # NumPyro's postprocessing (MCMC._get_cached_fns), without the
-        # MCMC object: the functions may serve other MCMC objects
-        body = user_post
-        if body is None:
-            body = kernel.postprocess_fn(args, kwargs)
-        return jax.vmap(body)(z) if batched else body(z)
 
-    transform = compat.collect_transform(postprocess, collect_fields, remove_sites)
+class _Traced(NamedTuple):
+    """What the loops close over: the program and the driver's settings."""
 
-    def unflatten(dynamic):
-        return compile_cache.join_model_args(static, dynamic)
+    program: Any
+    settings: LoopSettings
 
-    def collected(state, args, kwargs):
+    def unflatten(self, dynamic):
+        return compile_cache.join_model_args(self.settings.static, dynamic)
+
+    def collected(self, state, args, kwargs):
+        s = self.settings
+
+        def postprocess(z, args, kwargs):
+            # NumPyro's postprocessing (MCMC._get_cached_fns), without the
+            # MCMC object: the functions may serve other MCMC objects
+            body = s.postprocess_fn
+            if body is None:
+                body = self.program.postprocess(args, kwargs)
+            return jax.vmap(body)(z) if s.batched else body(z)
+
+        transform = compat.collect_transform(
+            postprocess, s.collect_fields, s.remove_sites
+        )
         return transform((state, args, kwargs))
 
-    def warmup_steps(state, collection, trace, n0, n1, start_idx, dynamic, ends):
+    def collected_dynamic(self, state, dynamic):
+        return self.collected(state, *self.unflatten(dynamic))
+
+    def warmup_steps(self, state, collection, trace, n0, n1, start_idx, dynamic, ends):
         """Warmup steps ``n0`` to ``n1``; ``trace[n]`` is step ``n``'s
         potential energy (for the warmup check). ``ends=False``: without
         the Hessian window ends (see ``LoopFns.window_end``)."""
-        args, kwargs = unflatten(dynamic)
+        args, kwargs = self.unflatten(dynamic)
+        s = self.settings
 
         def body(n, carry):
             state, collection, trace = carry
-            state = kernel.block_warmup(
-                state, args, kwargs, batched=batched, window_end=ends
-            )
-            slot = collection_slots(n, start_idx, thinning, True, size)
-            value = jax.tree.map(lambda x: x[None], collected(state, args, kwargs))
+            state = self.program.warmup(state, args, kwargs, s.batched, ends)
+            slot = collection_slots(n, start_idx, s.thinning, True, s.size)
+            value = jax.tree.map(lambda x: x[None], self.collected(state, args, kwargs))
             trace = trace.at[n].set(state.potential_energy, mode="drop")
             return state, scatter(collection, slot[None], value), trace
 
         return jax.lax.fori_loop(n0, n1, body, (state, collection, trace))
 
-    def warmup_loop(state, collection, trace, n0, n1, start_idx, dynamic):
-        return warmup_steps(
-            state, collection, trace, n0, n1, start_idx, dynamic, ends=False
-        )
-
-    def step_size(state, use, dynamic):
-        return kernel.block_step_size(state, use, *unflatten(dynamic), batched=batched)
-
-    def window_end(state, dynamic):
-        return kernel.block_window_end(state, *unflatten(dynamic), batched=batched)
-
-    def block_step(state, collection, done, stats, n_offset, total, start_idx, dynamic):
-        args, kwargs = unflatten(dynamic)
-        state = kernel.block_refill(state, args, kwargs, batched=batched)
+    def block_step(
+        self,
+        method,
+        state,
+        collection,
+        done,
+        stats,
+        n_offset,
+        total,
+        start_idx,
+        dynamic,
+    ):
+        args, kwargs = self.unflatten(dynamic)
+        s, program = self.settings, self.program
+        state = program.refill(state, args, kwargs, method, s.batched)
         # the buffer's own size: a post_warmup_state may come from a kernel
         # with another block_size
-        block_size = buffer_size(state, batched)
-        index = state.block.index[0] if batched else state.block.index
+        block_size = buffer_size(state, s.batched)
+        index = state.block.index[0] if s.batched else state.block.index
         k = jnp.arange(block_size)
         draws = jax.vmap(
-            lambda k: collected(
-                kernel.block_emit(state, k, batched=batched), args, kwargs
-            )
+            lambda k: self.collected(program.emit(state, k, s.batched), args, kwargs)
         )(k)
         sample_n = done + k - index
         valid = (k >= index) & (sample_n < total)
-        slots = collection_slots(n_offset + sample_n, start_idx, thinning, valid, size)
+        slots = collection_slots(
+            n_offset + sample_n, start_idx, s.thinning, valid, s.size
+        )
         collection = scatter(collection, slots, draws)
         consumed = jnp.minimum(block_size - index, total - done)
-        state = kernel.block_emit(state, index + consumed - 1, batched=batched)
+        state = program.emit(state, index + consumed - 1, s.batched)
         info = state.block.info
         failed = (index == 0) & ~info.converged
         stats = (
@@ -168,37 +227,73 @@ def build_loop_fns(
         )
         return state, collection, done + consumed, stats
 
-    def run_all(state, collection, trace, n_warmup, total, start_idx, dynamic):
-        state, collection, trace = warmup_steps(
-            state, collection, trace, 0, n_warmup, start_idx, dynamic, ends=True
-        )
-        zero = jnp.zeros((), jnp.int32)
-        limit = max_block_steps(total, buffer_size(state, batched))
 
-        def body(carry):
-            *carry, steps = carry
-            carry = block_step(*carry, n_warmup, total, start_idx, dynamic)
-            return (*carry, steps + 1)
-
-        def cond(carry):
-            return (carry[2] < total) & (carry[4] < limit)
-
-        state, collection, done, stats, _ = jax.lax.while_loop(
-            cond, body, (state, collection, zero, (zero, zero, zero), zero)
-        )
-        return state, collection, stats, done, trace
-
+def _donate() -> tuple:
     # the collection is updated in place where the backend can donate
-    donate = () if jax.default_backend() == "cpu" else (1,)
-    return LoopFns(
-        warmup=compile_cache.jit(warmup_loop, donate_argnums=donate),
-        step_size=compile_cache.jit(step_size),
-        window_end=compile_cache.jit(window_end),
-        block_step=compile_cache.jit(block_step, donate_argnums=donate),
-        run_all=run_all,
-        collected=lambda state, dynamic: collected(state, *unflatten(dynamic)),
-        checked=set(),
+    return () if jax.default_backend() == "cpu" else (1,)
+
+
+def _warmup_fns(traced: _Traced) -> tuple:
+    """``(warmup loop, step size, window end)``, jitted."""
+    batched = traced.settings.batched
+
+    def warmup_loop(state, collection, trace, n0, n1, start_idx, dynamic):
+        return traced.warmup_steps(
+            state, collection, trace, n0, n1, start_idx, dynamic, ends=False
+        )
+
+    def step_size(state, use, dynamic):
+        args, kwargs = traced.unflatten(dynamic)
+        return traced.program.step_size(state, use, args, kwargs, batched)
+
+    def window_end(state, dynamic):
+        args, kwargs = traced.unflatten(dynamic)
+        return traced.program.window_end(state, args, kwargs, batched)
+
+    return (
+        compile_cache.jit(warmup_loop, donate_argnums=_donate()),
+        compile_cache.jit(step_size),
+        compile_cache.jit(window_end),
     )
+
+
+def _block_fns(traced: _Traced, method: str) -> tuple:
+    """``(block step, memory-check record)``, the step jitted."""
+    step = compile_cache.jit(
+        partial(traced.block_step, method), donate_argnums=_donate()
+    )
+    return step, set()
+
+
+def _run_all(
+    traced: _Traced,
+    method,
+    state,
+    collection,
+    trace,
+    n_warmup,
+    total,
+    start_idx,
+    dynamic,
+):
+    state, collection, trace = traced.warmup_steps(
+        state, collection, trace, 0, n_warmup, start_idx, dynamic, ends=True
+    )
+    zero = jnp.zeros((), jnp.int32)
+    limit = max_block_steps(total, buffer_size(state, traced.settings.batched))
+
+    def body(carry):
+        *carry, steps = carry
+        carry = traced.block_step(method, *carry, n_warmup, total, start_idx, dynamic)
+        return (*carry, steps + 1)
+
+    def cond(carry):
+        return (carry[2] < total) & (carry[4] < limit)
+
+    state, collection, done, stats, _ = jax.lax.while_loop(
+        cond, body, (state, collection, zero, (zero, zero, zero), zero)
+    )
+    return state, collection, stats, done, trace
 
 
 def zeros(avals: Any) -> Any:

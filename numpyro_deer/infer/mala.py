@@ -9,10 +9,10 @@ from numpyro.infer.initialization import init_to_uniform
 
 from ..core.mala import MALA
 from ..core.newton import DEERSolver
-from .kernel import _DEERKernel
+from .kernel import DEERKernel
 
 
-class DEERMALA(_DEERKernel):
+class DEERMALA(DEERKernel):
     r"""Metropolis-adjusted Langevin algorithm, parallel across the chain length.
 
     After warmup, ``DEERMALA`` computes blocks of ``block_size`` MALA transitions

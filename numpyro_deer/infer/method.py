@@ -65,6 +65,16 @@ class MethodChoice(NamedTuple):
     final: bool = True
 
 
+class MethodMemory:
+    """What ``method="auto"`` chose for one kernel (``choice``, ``None``
+    before a run chose): the one thing a kernel keeps from a run for the
+    next, written by :class:`numpyro_deer.MCMC` through the kernel's
+    ``remember_method``."""
+
+    def __init__(self, choice: MethodChoice | None = None):
+        self.choice = choice
+
+
 def device_method() -> str:
     """The method for a device without a measurement: sequential on a CPU."""
     return "sequential" if jax.default_backend() == "cpu" else "deer"

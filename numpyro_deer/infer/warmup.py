@@ -7,8 +7,8 @@ for. Each warmup draw is one step of the kernel's transition (MALA or HMC,
 ``warmup_adapter`` update: dual averaging of the step size toward
 ``target_accept_prob`` (Hoffman and Gelman, 2014) over the window schedule of
 Stan, and at each window end either NumPyro's own mass matrix (the windowed
-covariance of the draws) or the inverse mean Hessian
-(:func:`hessian_window_end`).
+covariance of the draws) or the inverse mean Hessian (the kernel's window
+end, :meth:`~numpyro_deer.infer.program.BlockProgram.warmup`).
 
 NumPyro's adapter searches a starting step size at each window start with a
 ``find_reasonable_step_size`` written for HMC (one leapfrog step);
@@ -26,17 +26,11 @@ import jax
 import jax.numpy as jnp
 from jax import Array
 from jax.flatten_util import ravel_pytree
-from numpyro.infer.hmc_util import (
-    build_adaptation_schedule,
-    dual_averaging,
-    warmup_adapter,
-)
+from numpyro.infer.hmc_util import dual_averaging, warmup_adapter
 
-from ..core.mala import MALA
 from ..core.metric import mass_matrix_sqrt
 from ..core.transition import Transition, make_step_fn
-from .block import DEERMALAState, record_warmup_draw
-from .hessian_mass import hessian_mass, is_hessian_window_end
+from .block import DEERState, record_warmup_draw
 
 MAX_STEP_SIZE_SEARCH = 40
 """Most doublings or halvings of the step size in one search."""
@@ -49,7 +43,7 @@ def find_reasonable_step_size(
     inverse_mass_matrix: Array,
     z_info: tuple,
     rng_key: Array,
-    transition: Transition = MALA(),
+    transition: Transition,
 ) -> Array:
     r"""Double or halve the step size until one step's acceptance crosses target.
 
@@ -61,7 +55,7 @@ def find_reasonable_step_size(
     unless the search stopped after :data:`MAX_STEP_SIZE_SEARCH` changes. The
     signature is the one NumPyro's ``warmup_adapter`` calls, with
     ``potential_flat`` and ``target`` bound; ``transition`` is the taped step
-    (MALA by default) on a one-step tape.
+    on a one-step tape.
     """
     x = z_info[0]
     tape = transition.make_tape(rng_key, 1, x.shape[0], x.dtype)
@@ -121,62 +115,6 @@ def restart_step_size(
     return jax.tree.map(lambda a, b: jnp.where(use, a, b), new, adapt)
 
 
-def hessian_metric(
-    adapt: Any,
-    potential: Callable[[Array], Array],
-    points: Array,
-    x: Array,
-    find_step_size: Callable | None,
-) -> Any:
-    """``adapt`` with the Hessian metric (:func:`~.hessian_mass.hessian_mass`)
-    and, where it is finite, the step size search restarted in it
-    (:func:`restart_step_size`; ``find_step_size=None``: not adapted)."""
-    adapt, finite = hessian_mass(adapt, potential, points)
-    if find_step_size is None:
-        return adapt
-    return restart_step_size(adapt, x, find_step_size, finite)
-
-
-def hessian_window_end(
-    before: Any,
-    after: Any,
-    potential: Callable[[Array], Array],
-    points: Array,
-    x: Array,
-    num_windows: int,
-    find_step_size: Callable | None,
-) -> Any:
-    """NumPyro's adapt state ``after`` one update, with the Hessian metric.
-
-    Args:
-        before: the ``HMCAdaptState`` before ``warmup_adapter``'s update.
-        after: the state it returned (dense mass matrix).
-        potential: the potential energy on flat unconstrained values.
-        points: curvature points, shape ``(K, D)``.
-        x: the current draw (for the step size search).
-        num_windows: windows of NumPyro's adaptation schedule.
-        find_step_size: ``(step_size, inverse_mass_matrix, z_info, key)`` ->
-            step size, or ``None`` when the step size is not adapted.
-
-    At the end of a middle window (where NumPyro updates the mass matrix,
-    :func:`~numpyro_deer.infer.hessian_mass.is_hessian_window_end`) the
-    inverse mass matrix becomes the Hessian one and the step size search
-    restarts in it (:func:`restart_step_size`), unless the mean Hessian is
-    not finite (``after`` is kept then); elsewhere ``after`` is returned
-    unchanged. This is the window end inside a warmup step (NumPyro's own
-    ``MCMC`` loop, chains in ``pmap``); :class:`numpyro_deer.MCMC`'s host loop
-    runs the same two functions as programs of their own between warmup
-    loops instead.
-    """
-
-    def replace(state):
-        return hessian_metric(state, potential, points, x, find_step_size)
-
-    return jax.lax.cond(
-        is_hessian_window_end(before, after, num_windows), replace, lambda s: s, after
-    )
-
-
 class Adapter(NamedTuple):
     """NumPyro's ``warmup_adapter`` for a transition (:func:`build_adapter`).
 
@@ -185,10 +123,9 @@ class Adapter(NamedTuple):
             position ``x`` before its initial step size search: that search
             is :func:`restart_step_size` with ``find_step_size``, from the
             state's key (``key``, not yet split).
-        update: ``update(t, accept_prob, x, adapt_state, curvature_points)``,
-            NumPyro's update after warmup step ``t`` at ``x``, with the
-            Hessian window end (:func:`hessian_window_end`) unless it was
-            left out.
+        update: ``update(t, accept_prob, x, adapt_state)``, NumPyro's
+            update after warmup step ``t`` at ``x`` (the Hessian window end is
+            the kernel's, :meth:`~.program.BlockProgram.warmup`).
         find_step_size: the step size search (:func:`find_reasonable_step_size`
             for the transition); ``None`` when the step size is not adapted.
     """
@@ -206,18 +143,14 @@ def build_adapter(
     dense_mass: bool,
     adapt_step_size: bool,
     target_accept_prob: float,
-    window_end: bool = True,
-    transition: Transition = MALA(),
+    transition: Transition,
 ) -> Adapter:
-    """NumPyro's ``warmup_adapter`` for a transition, with the Hessian mass if asked.
+    """NumPyro's ``warmup_adapter`` for a transition.
 
-    With ``mass_adaptation == "hessian"`` each window end replaces the
-    inverse mass matrix by the inverse mean Hessian at the curvature points
-    and restarts the step size search in the new metric
-    (:func:`hessian_window_end`); ``window_end=False`` leaves that out of
-    ``update``, for callers that do it themselves (once for chains advanced
-    together, :func:`batched_hessian_window_end`; between the warmup loops
-    of :class:`numpyro_deer.MCMC`).
+    With ``mass_adaptation == "hessian"`` NumPyro's adapter keeps the
+    metric: the kernel replaces it at each window end by the inverse mean
+    Hessian at the curvature points and restarts the step size search in the
+    new metric (:meth:`~numpyro_deer.infer.program.BlockProgram.window_end`).
     """
     hessian = mass_adaptation == "hessian"
     find_step_size = None
@@ -230,7 +163,7 @@ def build_adapter(
         )
     # Under the Hessian mass NumPyro's own estimate (a dense covariance of
     # the draws, updated every step, factorised at window ends) is not
-    # computed: hessian_metric replaces the metric at every window end (and
+    # computed: the kernel replaces the metric at every window end (and
     # keeps the previous one where the mean Hessian is not finite). Its step
     # size search at window ends, in the old metric, is skipped too: the
     # search runs in the new one.
@@ -255,35 +188,20 @@ def build_adapter(
         # the search to come splits the key as NumPyro's init would have
         return adapt if find_step_size is None else adapt._replace(rng_key=key)
 
-    def update(t, accept_prob, x, adapt, points):
+    def update(t, accept_prob, x, adapt):
         return numpyro_update(t, accept_prob, (x,), adapt)
 
-    if not hessian or not window_end:
-        return Adapter(init, update, find_step_size)
-    num_windows = len(build_adaptation_schedule(num_warmup))
-
-    def update_hessian(t, accept_prob, x, adapt, points):
-        return hessian_window_end(
-            adapt,
-            update(t, accept_prob, x, adapt, points),
-            potential_flat,
-            points,
-            x,
-            num_windows,
-            find_step_size,
-        )
-
-    return Adapter(init, update_hessian, find_step_size)
+    return Adapter(init, update, find_step_size)
 
 
 def warmup_step(
-    state: DEERMALAState,
+    state: DEERState,
     potential_flat: Callable[[Array], Array],
     adapter_update: Callable,
     num_warmup: int,
     unravel: Callable,
-    transition: Transition = MALA(),
-) -> DEERMALAState:
+    transition: Transition,
+) -> DEERState:
     """One warmup draw: a step in the current metric, then the adaptation.
 
     The step is ``transition``'s on a one-step tape (:func:`make_step_fn`).
@@ -304,7 +222,7 @@ def warmup_step(
     x, info = step_fn(x, jax.tree.map(lambda v: v[0], tape))
     i = state.i + 1
     points = record_warmup_draw(state.curvature_points, i, num_warmup, x)
-    adapt = adapter_update(state.i, info.accept_prob, x, adapt, points)
+    adapt = adapter_update(state.i, info.accept_prob, x, adapt)
     mean = state.mean_accept_prob + (info.accept_prob - state.mean_accept_prob) / i
     return state._replace(
         i=i,
@@ -316,38 +234,4 @@ def warmup_step(
         adapt_state=adapt,
         rng_key=rng_key,
         curvature_points=points,
-    )
-
-
-def batched_hessian_window_end(
-    before: Any,
-    after: Any,
-    potential_flat: Callable[[Array], Array],
-    points: Array,
-    x: Array,
-    num_warmup: int,
-    find_step_size: Callable | None,
-) -> Any:
-    """The Hessian metric at window ends for chains advanced together.
-
-    ``before``/``after`` are the chains' adapt states (leading chain axis)
-    around one warmup update, ``points`` ``(C, K, D)`` and ``x`` ``(C, D)``.
-    The chains share the iteration count, hence the adaptation schedule, so
-    chain 0 decides for all: one :func:`jax.lax.cond` outside ``vmap`` runs
-    the Hessian, its eigendecomposition and the step size search only at a
-    window end. (Under ``vmap`` a ``cond`` on a per-chain flag becomes a
-    select that runs that work at every warmup step.)
-    """
-    num_windows = len(build_adaptation_schedule(num_warmup))
-    first = jax.tree.map(lambda a: a[0], (before, after))
-    metric = jax.vmap(
-        lambda state, p, xx: hessian_metric(
-            state, potential_flat, p, xx, find_step_size
-        )
-    )
-    return jax.lax.cond(
-        is_hessian_window_end(*first, num_windows),
-        lambda a: metric(a, points, x),
-        lambda a: a,
-        after,
     )

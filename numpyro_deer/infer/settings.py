@@ -1,14 +1,22 @@
-"""The kernel's arguments, checked when it is built: each error names the
-argument and says what to pass instead."""
+"""A block kernel's settings: its arguments, checked once and frozen.
+
+:class:`KernelSettings` holds everything a kernel was built with; it never
+changes after construction, so it is part of the compile-cache keys of the
+kernel's programs (:meth:`KernelSettings.key`). :func:`check_kernel_arguments`
+raises for an unusable argument, naming it and saying what to pass instead.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import numbers
 from collections.abc import Callable
 
 from ..core.newton import DEERSolver
+from ..core.transition import Transition
 from .convergence import ON_FAILURE
+from .mesh import TimeMesh
 
 MASS_ADAPTATIONS = (True, False, "hessian", "auto")
 METHODS = ("auto", "deer", "sequential")
@@ -82,4 +90,53 @@ def check_kernel_arguments(
         raise ValueError(
             f"on_failure={on_failure!r}: use 'sequential' (finish the block one "
             "step after the other, exact), 'warn' or 'raise'."
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelSettings:
+    """What a block kernel was built with (checked, never changed).
+
+    Attributes:
+        kernel: the kernel class's name, for errors and messages.
+        transition: the taped transition (:class:`~numpyro_deer.core.MALA`,
+            :class:`~numpyro_deer.core.HMC`, ...).
+        block_size: transitions per block, at most (the run fits it).
+        method: ``"auto"``, ``"deer"`` or ``"sequential"``.
+        mesh: the :class:`~numpyro_deer.infer.mesh.TimeMesh` blocks are
+            solved over, or ``None``.
+        The others are the kernel's arguments of the same names.
+    """
+
+    kernel: str
+    transition: Transition
+    step_size: float
+    adapt_step_size: bool
+    adapt_mass_matrix: bool | str
+    dense_mass: bool
+    target_accept_prob: float
+    init_strategy: Callable
+    block_size: int
+    method: str
+    solver: DEERSolver
+    on_failure: str
+    validate_model: bool
+    mesh: TimeMesh | None
+
+    def key(self) -> tuple:
+        """The settings the kernel's programs depend on (the block size and
+        method go into a program's key as the run resolved them; the
+        initialisation strategy and the model check only into the initial
+        state's)."""
+        return (
+            self.kernel,
+            self.transition,
+            self.step_size,
+            self.adapt_step_size,
+            self.adapt_mass_matrix,
+            self.dense_mass,
+            self.target_accept_prob,
+            self.solver,
+            self.on_failure,
+            self.mesh,
         )
