@@ -71,7 +71,6 @@ def test_initial_state_then_search_is_numpyros_init(mass):
         find_reasonable_step_size=adapter.find_step_size,
         dense_mass=mass == "hessian",
         target_accept_prob=TARGET,
-        transition=MALA(),
     )
     theirs = init((x,), key, jnp.asarray(1.0), mass_matrix_size=D)
     assert float(ours.step_size) != 1.0  # the search moved it
