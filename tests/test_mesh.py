@@ -141,9 +141,10 @@ def warm_state(runs):
 
 
 def _refill(kernel, state):
-    if kernel.compile_key() is None:  # a new kernel: init sets the latent layout
+    if kernel.program is None:  # a new kernel: init sets the latent layout
         kernel.init(jax.random.PRNGKey(0), RUN["num_warmup"], None, (), {})
-    return jax.jit(lambda s: kernel.block_refill(s, (), {}))(state).block
+    refill = kernel.program.refill
+    return jax.jit(lambda s: refill(s, (), {}, kernel.method_chosen))(state).block
 
 
 @pytest.fixture(scope="module")
@@ -362,10 +363,11 @@ def test_fitted_blocks_compile_key_and_pickle_keep_the_mesh(runs, mesh):
     sharded = runs["sharded"].sampler
     other = _kernel("diag", time_mesh(jax.devices()[:4]))  # only the mesh differs
     other.init(jax.random.PRNGKey(0), RUN["num_warmup"], None, (), {})
-    assert other.block_size == sharded.block_size == BLOCK
+    assert other.program.block_size == sharded.program.block_size == BLOCK
     assert other.compile_key() != sharded.compile_key()
-    other.fit_block_size(100)  # four blocks of 25 without a mesh
-    other.init(jax.random.PRNGKey(0), RUN["num_warmup"], None, (), {})
-    assert other.block_size == 28  # multiples of the four devices
+    # four blocks of 25 without a mesh; multiples of the four devices with it
+    key = jax.random.PRNGKey(0)
+    other.init_program(key, RUN["num_warmup"], None, (), {}, num_samples=100)
+    assert other.program.block_size == 28 and other.block_size == BLOCK
     copy = pickle.loads(pickle.dumps(sharded))
     assert copy.mesh == mesh and copy.compile_key() is None

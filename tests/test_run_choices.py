@@ -54,7 +54,8 @@ def test_blocks_fit_the_run_and_leave_nothing_unused():
     mcmc = MCMC(kernel, num_warmup=50, num_samples=200, thinning=2)
     mcmc.progress_bar = False
     mcmc.run(jax.random.PRNGKey(0), *args, **kwargs)
-    assert kernel.block_size == 50
+    # the argument is kept; the run's blocks are fitted to it
+    assert kernel.block_size == 64 and kernel.program.block_size == 50
     assert mcmc.last_state.block.z.shape[0] == 50
     assert int(mcmc.last_state.block.index) == 50  # the last block used up
     assert mcmc.get_samples()["mu"].shape == (100,)

@@ -259,10 +259,11 @@ def _warmup_fns(traced: _Traced) -> tuple:
 
 def _block_fns(traced: _Traced, method: str) -> tuple:
     """``(block step, memory-check record)``, the step jitted."""
-    step = compile_cache.jit(
-        partial(traced.block_step, method), donate_argnums=_donate()
-    )
-    return step, set()
+
+    def block_step(*args):
+        return traced.block_step(method, *args)
+
+    return compile_cache.jit(block_step, donate_argnums=_donate()), set()
 
 
 def _run_all(

@@ -381,11 +381,13 @@ class BlockProgram:
         strategy = None if search is None else self.settings.init_strategy
 
         def build():
-            def one(params, key, dynamic):
+            def init_one(params, key, dynamic):
                 args, kwargs = compile_cache.join_model_args(static, dynamic)
                 return self.initial(params, key, args, kwargs, search)
 
-            fn = jax.vmap(one, in_axes=(0, 0, None)) if vectorized else one
+            fn = init_one
+            if vectorized:
+                fn = jax.vmap(init_one, in_axes=(0, 0, None))
             return compile_cache.jit(fn)
 
         key = ("init", self.key(None), vectorized, static, strategy)
