@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import numbers
 from collections.abc import Callable
 
 from jax.sharding import Mesh
@@ -81,25 +80,8 @@ class DEERHMC(DEERKernel):
         validate_model: bool = True,
         mesh: Mesh | None = None,
     ):
-        if not (
-            isinstance(num_steps, numbers.Integral)
-            and not isinstance(num_steps, bool)
-            and num_steps >= 1
-        ):
-            raise ValueError(
-                f"num_steps={num_steps!r}: use an integer >= 1 (leapfrog steps "
-                "per transition)."
-            )
-        if not (
-            isinstance(jitter, numbers.Real)
-            and not isinstance(jitter, bool)
-            and 0 <= jitter < 1
-        ):
-            raise ValueError(
-                f"jitter={jitter!r}: use a number in [0, 1) (0: no step size jitter)."
-            )
         super().__init__(
-            HMC(num_steps=int(num_steps), jitter=float(jitter)),
+            HMC(num_steps=num_steps, jitter=jitter),
             model,
             potential_fn,
             step_size=step_size,
@@ -119,4 +101,4 @@ class DEERHMC(DEERKernel):
     @property
     def num_steps(self) -> int:
         """Leapfrog steps per transition."""
-        return self._transition.num_steps
+        return self.transition.num_steps
