@@ -107,8 +107,9 @@ def _blocks_fn(kernel, args, kwargs, num_blocks, data_as_constants=False):
             block = state.block
             size = jnp.asarray(block.z.shape[0], jnp.int32)
             state = state._replace(block=block._replace(index=size))
-            state = kernel.block_refill(state, args, kwargs)
-            state = kernel.block_emit(state, state.block.z.shape[0] - 1)
+            program = kernel.program
+            state = program.refill(state, args, kwargs, kernel.method_chosen)
+            state = program.emit(state, state.block.z.shape[0] - 1)
             info = state.block.info
             return state, (
                 info.iterations,

@@ -4,7 +4,7 @@ On a GPU the compile time of the DEER block grows with the dimension (the
 block is a few matrix products of ``D x D`` matrices per step, and XLA's GPU
 compiler tunes each matrix product for its shape by running candidate
 kernels). This script compiles, ahead of time, the two bodies of the driver's
-loops -- ``kernel.block_warmup`` (one warmup step) and ``kernel.block_refill``
+loops -- ``kernel.program.warmup`` (one warmup step) and ``kernel.program.refill``
 (one block) -- with each set of compiler options passed to
 ``Lowered.compile(compiler_options=...)``, and then times the compiled block
 (median of three calls after one) and warmup step (median of ten after one),
@@ -30,6 +30,7 @@ import statistics
 import subprocess
 import sys
 import time
+from functools import partial
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -81,8 +82,8 @@ def child(model: str, option_set: str, ns) -> dict:
         "init_s": time.perf_counter() - t0,
     }
     for name, fn in (
-        ("warmup_step", kernel.block_warmup),
-        ("block_refill", kernel.block_refill),
+        ("warmup_step", kernel.program.warmup),
+        ("block_refill", partial(kernel.program.refill, method=kernel.method_chosen)),
     ):
         t0 = time.perf_counter()
         lowered = jax.jit(fn).lower(state, args, kwargs)

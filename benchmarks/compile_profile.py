@@ -4,13 +4,13 @@ through JAX's ahead-of-time pipeline, and the size of what XLA sees.
 For each kernel variant (the default and one setting changed at a time) the
 script initialises ``DEERMALA`` on a model and compiles, ahead of time,
 
-* ``warmup_step``: ``kernel.block_warmup(..., window_end=False)`` (one MALA
+* ``warmup_step``: ``kernel.program.warmup(..., window_end=False)`` (one MALA
   step and the adaptation, the body of the driver's warmup loop), and
   ``warmup_step_with_end``, the same with the Hessian window end inside (the
   step of NumPyro's own ``MCMC`` loop);
 * ``window_end`` and ``step_size``: the Hessian mass matrix of a window end
   and the step size search, programs of their own in the driver;
-* ``block_refill``: ``kernel.block_refill`` (one block: the DEER solve, or the
+* ``block_refill``: ``kernel.program.refill`` (one block: the DEER solve, or the
   sequential scan), the body of the driver's sampling loop,
 
 with the model's data passed as arguments. Each is timed in three stages,
@@ -136,11 +136,11 @@ def run_variant(name: str, options: dict, ns) -> list[dict]:
     for fn_name, fn in (
         # the body of numpyro_deer.MCMC's warmup loop, and the same step with
         # the Hessian window end inside (NumPyro's own loop)
-        ("warmup_step", partial(kernel.block_warmup, window_end=False)),
-        ("warmup_step_with_end", kernel.block_warmup),
-        ("window_end", kernel.block_window_end),
-        ("step_size", lambda s, a, k: kernel.block_step_size(s, True, a, k)),
-        ("block_refill", kernel.block_refill),
+        ("warmup_step", partial(kernel.program.warmup, window_end=False)),
+        ("warmup_step_with_end", kernel.program.warmup),
+        ("window_end", kernel.program.window_end),
+        ("step_size", lambda s, a, k: kernel.program.step_size(s, True, a, k)),
+        ("block_refill", partial(kernel.program.refill, method=kernel.method_chosen)),
     ):
         row = {"model": ns.model, "variant": name, "function": fn_name}
         row.update(profile(fn, state, args, kwargs))

@@ -6,7 +6,7 @@ same blocks and the same chain) are produced three ways:
 * ``driver``: ``numpyro_deer.MCMC.run`` (one block per loop iteration, NumPyro's
   postprocess vmapped over the block, draws scattered into the collection);
 * ``raw``: the block solves alone, a jitted ``lax.fori_loop`` over N/B calls of
-  ``kernel.block_refill`` (each followed by ``block_emit`` of the block's last
+  ``kernel.program.refill`` (each followed by ``emit`` of the block's last
   draw, so the next block starts where the chain is), nothing collected;
 * ``stock``: ``numpyro.infer.MCMC`` with the same kernel (one draw per loop
   iteration, the refill under ``lax.cond``). Stock ``MCMC.run`` recompiles its
@@ -169,8 +169,9 @@ def main(argv=None):
         def body(_, carry):
             s, iterations, converged = carry
             s = s._replace(block=s.block._replace(index=jnp.asarray(B, jnp.int32)))
-            s = kernel.block_refill(s, model_args, model_kwargs)
-            s = kernel.block_emit(s, B - 1)
+            program = kernel.program
+            s = program.refill(s, model_args, model_kwargs, kernel.method_chosen)
+            s = program.emit(s, B - 1)
             return (
                 s,
                 iterations + s.block.info.iterations,

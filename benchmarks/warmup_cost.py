@@ -152,7 +152,7 @@ def main(argv=None) -> list[dict]:
         args, kwargs = irt_data(dim)
         kernel = numpyro_deer.DEERMALA(irt)
         state = kernel.init(jax.random.PRNGKey(0), 10, None, args, kwargs)
-        potential = kernel._potential_flat(args, kwargs)
+        potential = kernel.program.potential_flat(args, kwargs)
         x = jax.flatten_util.ravel_pytree(state.z)[0]
         window_end_s = time_window_end(dim, potential, x)
         for mass in ns.masses:

@@ -2,19 +2,18 @@
 
 A second ``MCMC`` object for the same model and shapes (a notebook cell run
 again), or a run on new data of the same shapes, should compile none of the
-kernel's programs again (NumPyro's initial-point search, a small loop the
-kernel does not own, is compiled for each ``run``). JAX
-caches a jitted function's compilations on the function object, so the
-functions the kernel and the driver jit are kept here, in a small process-wide
-cache, under a key of everything their trace depends on apart from their
-array arguments: the kernel's :meth:`~numpyro_deer.infer.kernel._DEERKernel.compile_key`
-(model function or potential, settings, latent structure, warmup length), the
-non-array model arguments (compared by value) and the driver's static
-settings. Arrays, the data included, are always arguments of the compiled
-functions, never constants closed over, so a cached function cannot hold stale
-data. The functions close over a shallow copy of the kernel taken when they
-were built, so changing or re-initialising the kernel afterwards cannot
-change what a cached function computes either.
+kernel's programs again. JAX caches a jitted function's compilations on the
+function object, so the functions the kernel and the driver jit are kept here,
+in a small process-wide cache, under a key of everything their trace depends on
+apart from their array arguments: the run's
+:meth:`~numpyro_deer.infer.program.BlockProgram.key` (model function or
+potential, settings, latent structure, warmup length), the non-array model
+arguments (compared by value) and the driver's static settings. Arrays, the
+data included, are always arguments of the compiled functions, never constants
+closed over, so a cached function cannot hold stale data. The functions close
+over the run's :class:`~numpyro_deer.infer.program.BlockProgram`, which is
+frozen, and a kernel's settings never change, so nothing done to a kernel
+afterwards can change what a cached function computes either.
 
 NumPyro's ``initialize_model`` builds the potential from the model function and
 the arguments it is called with (``dynamic_args=True``), so two kernels of the
@@ -99,17 +98,6 @@ def latent_signature(params, batched: bool = False) -> tuple:
         (np.shape(x)[1:] if batched else np.shape(x), jnp.result_type(x))
         for x in leaves
     )
-
-
-def snapshot(obj):
-    """A shallow copy of ``obj``'s attributes, as they are now.
-
-    Not :func:`copy.copy`: a kernel's ``__getstate__`` drops the functions
-    :meth:`init` made (for pickling), which the copy needs.
-    """
-    new = object.__new__(type(obj))
-    new.__dict__.update(obj.__dict__)
-    return new
 
 
 TRITON_GEMM = "xla_gpu_enable_triton_gemm"
