@@ -353,7 +353,7 @@ class DEERKernel(MCMCKernel):
         # only numpyro.infer.MCMC calls sample (numpyro_deer.MCMC runs the
         # program's functions); it traces it once per compiled run
         program = self._sample_fn
-        if program.warnings.first("slow driver"):
+        if program.first_warning("slow driver"):
             warnings.warn(
                 SLOW_DRIVER_MESSAGE.format(name=self._settings.kernel),
                 SlowDriverWarning,

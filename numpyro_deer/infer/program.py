@@ -1,27 +1,17 @@
 """A block kernel's run, as pure functions: :class:`BlockProgram`.
 
-A kernel's ``init`` sets up the model once (NumPyro's ``initialize_model``,
+A kernel's ``init`` sets the model up once (NumPyro's ``initialize_model``,
 the latent layout, the block size fitted to the run, the mass adaptation
-resolved against the latent dimension) and freezes the result, with the
-kernel's :class:`~numpyro_deer.infer.settings.KernelSettings`, into a
-:class:`BlockProgram`. Its methods are the run's steps, each a pure function
-of the state and the model's arguments, as NumPyro's ``hmc()`` returns
-``init_kernel, sample_kernel`` under a thin ``HMC``:
-
-* :meth:`BlockProgram.warmup`: one warmup step (a transition on a one-step
-  tape, then NumPyro's adaptation; the Hessian window end at the end of a
-  middle window, unless the caller runs it);
-* :meth:`BlockProgram.step_size`: NumPyro's step size search and restart;
-* :meth:`BlockProgram.window_end`: the Hessian mass matrix;
-* :meth:`BlockProgram.refill`: a new block by ``method`` where the buffer is
-  used up;
-* :meth:`BlockProgram.emit`: the state after handing out one buffer entry.
-
-Called with the state and the model's arguments, :class:`BlockProgram` is
-the kernel's ``sample`` for ``numpyro.infer.MCMC`` (one draw per call).
-:class:`numpyro_deer.MCMC` compiles the same functions into its own loops
-(:mod:`~numpyro_deer.infer.loops`). Nothing here changes after ``init``: the
-compile-cache keys of the compiled programs are :meth:`BlockProgram.key`.
+resolved) and freezes the result, with the kernel's
+:class:`~numpyro_deer.infer.settings.KernelSettings`, into a
+:class:`BlockProgram` whose methods are the run's steps, each a pure function
+of the state and the model's arguments (as NumPyro's ``hmc()`` returns
+``init_kernel, sample_kernel`` under a thin ``HMC``): :meth:`~BlockProgram.warmup`,
+:meth:`~BlockProgram.step_size`, :meth:`~BlockProgram.window_end`,
+:meth:`~BlockProgram.refill` (a block by the method passed in) and
+:meth:`~BlockProgram.emit`. Called with a state, it is the kernel's ``sample``
+for ``numpyro.infer.MCMC``; :class:`numpyro_deer.MCMC` compiles the same
+functions into its loops (:mod:`~numpyro_deer.infer.loops`).
 """
 
 from __future__ import annotations
@@ -52,20 +42,6 @@ float32 products are not computed in TF32 on GPUs, which would make the batched
 and the sequential evaluation of a step differ far beyond float32 rounding."""
 
 
-class RunWarnings:
-    """The host's once-per-run latches of a run's warnings (the only thing a
-    :class:`BlockProgram` holds that changes: a warning already given)."""
-
-    def __init__(self):
-        self.given: set[str] = set()
-
-    def first(self, name: str) -> bool:
-        """Whether warning ``name`` is given for the first time (and mark it)."""
-        new = name not in self.given
-        self.given.add(name)
-        return new
-
-
 @dataclasses.dataclass(frozen=True, eq=False)
 class BlockProgram:
     """A kernel's run after ``init``: its settings, the model's set-up and
@@ -88,7 +64,8 @@ class BlockProgram:
             (stock ``MCMC``); :class:`numpyro_deer.MCMC` passes its own.
         sites_message: ``() -> str``, the sites whose log density is not
             finite at the initial values (for the error).
-        warnings: the run's warning latches.
+        warned: the warnings this run gave already (each is given once per
+            run; the only thing in a program that changes).
     """
 
     settings: KernelSettings
@@ -103,7 +80,13 @@ class BlockProgram:
     latent: tuple
     method: str
     sites_message: Callable[[], str]
-    warnings: RunWarnings = dataclasses.field(default_factory=RunWarnings)
+    warned: set = dataclasses.field(default_factory=set)
+
+    def first_warning(self, name: str) -> bool:
+        """Whether warning ``name`` is given for the first time this run."""
+        new = name not in self.warned
+        self.warned.add(name)
+        return new
 
     # ----------------------------------------------------------- derived
     def key(self, method: str | None) -> tuple:
@@ -361,7 +344,7 @@ class BlockProgram:
             return jax.lax.cond(i < self.num_warmup, warmup, sampling, state)
 
     def _report_unconverged(self, failed, result) -> None:
-        if self.warnings.first("unconverged"):
+        if self.first_warning("unconverged"):
             warn_unconverged(
                 int(failed), None, self.settings.on_failure, 1 << int(result)
             )
