@@ -120,3 +120,16 @@ def test_settings_are_frozen_and_init_writes_only_the_run():
     changed = {k for k, v in vars(kernel).items() if before.get(k) is not v}
     assert changed == {"_sample_fn"}  # NumPyro's one attribute: the run
     assert kernel.block_size == 64 and kernel.program.block_size == 50
+
+
+def test_mcmc_shows_numpyros_keyword_arguments():
+    import inspect
+
+    from numpyro.infer import MCMC as StockMCMC
+
+    ours = inspect.signature(MCMC).parameters
+    theirs = inspect.signature(StockMCMC).parameters
+    assert list(ours) == list(theirs)
+    for name, parameter in theirs.items():
+        assert ours[name].kind == parameter.kind, name
+        assert ours[name].default == parameter.default, name
