@@ -93,11 +93,11 @@ class BlockProgram:
         """What the run's traced functions depend on besides their arguments:
         the model (or potential), the settings, the run's sizes and the
         latent layout; ``method`` that of the blocks (``None``: warmup's
-        programs, which do not depend on it). Programs with equal keys are
-        shared (:mod:`~numpyro_deer.infer.compile_cache`)."""
+        programs, which depend neither on it nor on the solver). Programs
+        with equal keys are shared (:mod:`~numpyro_deer.infer.compile_cache`)."""
         return (
             self.model if self.model is not None else self.potential_fn,
-            self.settings.key(),
+            self.settings.key(blocks=method is not None),
             method,
             self.block_size,
             self.mass_adaptation,

@@ -123,12 +123,13 @@ class KernelSettings:
     validate_model: bool
     mesh: TimeMesh | None
 
-    def key(self) -> tuple:
-        """The settings the kernel's programs depend on (the block size and
-        method go into a program's key as the run resolved them; the
-        initialisation strategy and the model check only into the initial
-        state's)."""
-        return (
+    def key(self, blocks: bool = True) -> tuple:
+        """The settings the kernel's programs depend on: with ``blocks``
+        those of the block programs, else of warmup's (which use neither the
+        solver nor the failure policy). The block size and method go into a
+        program's key as the run resolved them; the initialisation strategy
+        and the model check only into the initial state's."""
+        common = (
             self.kernel,
             self.transition,
             self.step_size,
@@ -136,7 +137,6 @@ class KernelSettings:
             self.adapt_mass_matrix,
             self.dense_mass,
             self.target_accept_prob,
-            self.solver,
-            self.on_failure,
             self.mesh,
         )
+        return common + ((self.solver, self.on_failure) if blocks else ())
