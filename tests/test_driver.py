@@ -65,7 +65,9 @@ def test_same_draws_as_stock_mcmc(stock_run):
 @pytest.fixture(scope="module")
 def warm_driver():
     args, kwargs = gaussian_data(2.0)
-    mcmc = _driver(num_samples=150)
+    # 128 draws: two blocks of 64, as the runs of 256 and 8,192 draws below (one
+    # compiled block program for all)
+    mcmc = _driver(num_samples=128)
     mcmc.warmup(jax.random.PRNGKey(1), *args, **kwargs)
     return mcmc, args, kwargs
 
@@ -80,9 +82,9 @@ def test_warmup_run_continue_without_recompiling(warm_driver):
     mcmc.post_warmup_state = mcmc.last_state
     mcmc.run(mcmc.last_state.rng_key, *args, **kwargs)
     second = mcmc.get_samples()["mu"]
-    assert first.shape == second.shape == (150,)
+    assert first.shape == second.shape == (128,)
     assert not np.allclose(first, second)
-    assert int(mcmc.last_state.i) == 400
+    assert int(mcmc.last_state.i) == 356
     assert compile_log().ours() == before  # the second run compiled nothing
     np.testing.assert_allclose(np.mean(np.r_[first, second]), 2.0, atol=0.2)
 
@@ -92,17 +94,17 @@ def test_continuation_equals_one_long_run(warm_driver):
     mcmc, args, kwargs = warm_driver
     start = mcmc.post_warmup_state
     key = start.rng_key
-    mcmc.num_samples = 150
+    mcmc.num_samples = 128
     mcmc.post_warmup_state = start
     mcmc.run(key, *args, **kwargs)
     first = mcmc.get_samples()["mu"]
     mcmc.post_warmup_state = mcmc.last_state
     mcmc.run(mcmc.last_state.rng_key, *args, **kwargs)
     both = np.r_[first, mcmc.get_samples()["mu"]]
-    mcmc.num_samples = 300
+    mcmc.num_samples = 256
     mcmc.post_warmup_state = start
     mcmc.run(key, *args, **kwargs)
-    mcmc.num_samples = 150
+    mcmc.num_samples = 128
     np.testing.assert_allclose(mcmc.get_samples()["mu"], both, rtol=1e-10)
 
 
@@ -118,7 +120,9 @@ def test_progress_bar_gives_the_same_draws():
     np.testing.assert_allclose(draws[0], draws[1], rtol=1e-10)
 
 
-@pytest.mark.parametrize("chain_method", ["vectorized", "parallel"])
+# vectorized chains through this driver: test_reliability.py's four chains of
+# four normals (the same assertions) and the vectorized sweep test below
+@pytest.mark.parametrize("chain_method", ["parallel"])
 def test_chain_methods(chain_method):
     args, kwargs = gaussian_data(-1.0)
     mcmc = _driver(
@@ -133,25 +137,39 @@ def test_chain_methods(chain_method):
     assert stats["potential_energy"].shape == (3, 200)
 
 
-def test_deer_and_sequential_methods_give_the_same_chain():
+# 50 warmup steps and 128 draws in blocks of 64 from key 5, data 0.5: the
+# sequential chain that the DEER runs below are compared with
+SEQUENTIAL_RUN = {"num_warmup": 50, "num_samples": 128, "progress_bar": False}
+
+
+@pytest.fixture(scope="module")
+def sequential_chain():
+    """The draws of the sequential scan (the chain itself), run once."""
+    args, kwargs = gaussian_data(0.5)
+    reference = MCMC(
+        DEERMALA(gaussian_mean_model, block_size=64, method="sequential"),
+        **SEQUENTIAL_RUN,
+    )
+    reference.run(jax.random.PRNGKey(5), *args, **kwargs)
+    return np.asarray(reference.get_samples()["mu"])
+
+
+def test_deer_and_sequential_methods_give_the_same_chain(sequential_chain):
     # the solver's settings change the work, not the chain
     args, kwargs = gaussian_data(0.5)
-    draws = []
-    for method, jacobian, sweep in (
-        ("sequential", "stochastic", 0),
-        ("deer", "stochastic", 0),
-        ("deer", "full", 0),  # spectral-norm clipped by default
-        ("deer", "stochastic", 4),  # sequential segments first
+    for jacobian, sweep in (
+        ("stochastic", 0),
+        ("full", 0),  # spectral-norm clipped by default
+        ("stochastic", 4),  # sequential segments first
     ):
         solver = DEERSolver(jacobian=jacobian, sweep=sweep, atol=1e-12, rtol=1e-10)
         kernel = DEERMALA(
-            gaussian_mean_model, block_size=64, method=method, solver=solver
+            gaussian_mean_model, block_size=64, method="deer", solver=solver
         )
-        mcmc = MCMC(kernel, num_warmup=50, num_samples=256, progress_bar=False)
+        mcmc = MCMC(kernel, **SEQUENTIAL_RUN)
         mcmc.run(jax.random.PRNGKey(5), *args, **kwargs)
-        draws.append(mcmc.get_samples()["mu"])
-    for other in draws[1:]:
-        np.testing.assert_allclose(other, draws[0], atol=1e-8)
+        draws = mcmc.get_samples()["mu"]
+        np.testing.assert_allclose(draws, sequential_chain, atol=1e-8)
 
 
 def test_vectorized_chains_with_the_sweep_are_the_sequential_chains():
@@ -222,7 +240,7 @@ def test_hessian_basis_gives_the_same_chain_in_fewer_iterations():
     assert hessian < 0.5 * whitened, (hessian, whitened)
 
 
-def test_unconverged_blocks_fall_back_and_warn():
+def test_unconverged_blocks_fall_back_and_warn(sequential_chain):
     args, kwargs = gaussian_data(0.5)
     solver = DEERSolver(max_iter=2, max_solves=1)
     kernel = DEERMALA(gaussian_mean_model, block_size=64, solver=solver, method="deer")
@@ -232,18 +250,9 @@ def test_unconverged_blocks_fall_back_and_warn():
             jax.random.PRNGKey(5), *args, **kwargs, extra_fields=("deer_converged",)
         )
     assert not np.any(mcmc.get_extra_fields()["deer_converged"])
-    reference = MCMC(
-        DEERMALA(gaussian_mean_model, block_size=64, method="sequential"),
-        num_warmup=50,
-        num_samples=128,
-        progress_bar=False,
-    )
-    reference.run(jax.random.PRNGKey(5), *args, **kwargs)
     # the states before each solve's front are DEER's (certified to the float64
     # tolerance), the rest were computed sequentially from the front
-    np.testing.assert_allclose(
-        mcmc.get_samples()["mu"], reference.get_samples()["mu"], atol=1e-8
-    )
+    np.testing.assert_allclose(mcmc.get_samples()["mu"], sequential_chain, atol=1e-8)
     # what the warning says to do to make it an error works
     with warnings.catch_warnings():
         warnings.simplefilter("error", DEERConvergenceWarning)
@@ -253,17 +262,10 @@ def test_unconverged_blocks_fall_back_and_warn():
             mcmc.run(jax.random.PRNGKey(6), *args, **kwargs)
 
 
-def test_on_failure_warn_keeps_the_iterate_and_raise_stops():
+def test_on_failure_warn_keeps_the_iterate_and_raise_stops(sequential_chain):
     args, kwargs = gaussian_data(0.5)
     solver = DEERSolver(max_iter=1, max_solves=1)
-    reference = MCMC(
-        DEERMALA(gaussian_mean_model, block_size=64, method="sequential"),
-        num_warmup=50,
-        num_samples=128,
-        progress_bar=False,
-    )
-    reference.run(jax.random.PRNGKey(5), *args, **kwargs)
-    chain = np.asarray(reference.get_samples()["mu"])
+    chain = sequential_chain
 
     kernel = DEERMALA(
         gaussian_mean_model,
@@ -300,7 +302,7 @@ def test_on_failure_warn_keeps_the_iterate_and_raise_stops():
 
 @pytest.mark.parametrize("jit_model_args", [False, True])
 def test_rerun_on_new_data(jit_model_args):
-    mcmc = _driver(jit_model_args=jit_model_args)
+    mcmc = _driver(num_samples=256, jit_model_args=jit_model_args)
     for value in (3.0, -3.0):
         args, kwargs = gaussian_data(value)
         mcmc.run(jax.random.PRNGKey(0), *args, **kwargs)
@@ -380,7 +382,7 @@ def test_normal_posterior_mean_and_std(warm_driver):
     mcmc.num_samples = 8192
     mcmc.run(jax.random.PRNGKey(8), *args, **kwargs)
     draws = mcmc.get_samples()["mu"]
-    mcmc.num_samples = 150
+    mcmc.num_samples = 128
     precision = 1 / 10.0**2 + 20
     np.testing.assert_allclose(np.mean(draws), 40 / precision, rtol=0.07)
     np.testing.assert_allclose(np.std(draws), precision**-0.5, rtol=0.07)

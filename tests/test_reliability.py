@@ -54,7 +54,11 @@ def test_vectorized_chains_with_latent_of_num_chains_length(driver):
     mcmc.run(jax.random.PRNGKey(0))
     x = mcmc.get_samples(group_by_chain=True)["x"]
     assert x.shape == (4, 300, 4)
-    # sd of 1200 draws of a unit normal per coordinate: within 0.25
+    assert not np.allclose(x[0], x[1])  # four chains, not one repeated
+    stats = mcmc.get_extra_fields(group_by_chain=True)
+    assert stats["potential_energy"].shape == (4, 300)
+    # mean and sd of 1200 draws of a unit normal per coordinate: within 0.25
+    np.testing.assert_allclose(np.mean(x.reshape(-1, 4), 0), 0.0, atol=0.25)
     np.testing.assert_allclose(np.std(x.reshape(-1, 4), 0), 1.0, atol=0.25)
 
 
