@@ -180,6 +180,7 @@ CASES = {
 WRITES_FOLDER = {"make_references.py"}
 # scripts that are not benchmarks run on their own
 HELPERS = {
+    "_counts.py",
     "_setup.py",
     "_hmc_setup.py",
     "_scaling_kernel.py",
