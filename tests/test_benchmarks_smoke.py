@@ -175,6 +175,7 @@ CASES = {
         "--block-size",
         "16",
     ],
+    "paper.py": ["--size", "tiny"],
 }
 # scripts that write a folder of JSON files (``--out DIR``) instead of one file
 WRITES_FOLDER = {"make_references.py"}
@@ -208,6 +209,7 @@ BENCH_ONLY = {
     "hmc_vs_mala.py",
     "iteration_cost.py",
     "method_auto.py",
+    "paper.py",
     "vectorized_chains.py",
     "warmup_cost.py",
 }
@@ -245,7 +247,13 @@ def test_benchmark_runs_at_a_tiny_size(script, tmp_path):
         timeout=600,
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    assert json.loads(out.read_text())
+    result_json = json.loads(out.read_text())
+    assert result_json
+    if script == "paper.py":  # DEER gives the sequential chain (float32)
+        rows = result_json["rows"]
+        deer = [r for r in rows if r["variant"].startswith("deer")]
+        assert len(deer) == 4 and all(r["finite"] for r in rows)
+        assert all(r["max_abs_diff"] < 0.05 for r in deer), deer
     if script == "suite.py":  # plot.py draws the suite's JSON
         png = tmp_path / "speedup.png"
         plot = subprocess.run(
