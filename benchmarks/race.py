@@ -314,7 +314,8 @@ def summary(rows: list[dict], targets: list[str], samplers: list[str]) -> list[s
 
 
 def counts_table(rows: list[dict]) -> list[str]:
-    """Every run: wall time, gradients and critical path to each threshold."""
+    """Every run: wall time, gradients and critical path to each threshold and
+    at its last checkpoint (with the error there)."""
 
     def cell(hit):
         if not hit:
@@ -328,6 +329,8 @@ def counts_table(rows: list[dict]) -> list[str]:
     for thr in THRESHOLDS:
         head += f" s to {thr:g} | grads | critical path |"
         rule += "---|---|---|"
+    head += " end: s | grads | critical path | error |"
+    rule += "---|---|---|---|"
     lines = [head, rule]
     for r in rows:
         reached = r.get("reached") or {}
@@ -336,6 +339,12 @@ def counts_table(rows: list[dict]) -> list[str]:
         )
         for thr in THRESHOLDS:
             line += f" {cell(reached.get(str(thr)))} |"
+        last = (r.get("checkpoints") or [None])[-1]
+        if last:
+            err = max(last["err_mean"], last["err_second"])
+            line += f" {cell(last)} | {err:.2g} |"
+        else:
+            line += " - | - | - | - |"
         lines.append(line)
     return lines
 

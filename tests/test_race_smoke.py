@@ -124,3 +124,20 @@ def test_gym_model_log_density_matches_the_gym(name):
     # the same density up to a constant; float32 rounding of values of order 1e4
     scale = max(1.0, np.max(np.abs(gaps)))
     assert np.ptp(gaps) < 1e-5 * scale + 5e-3, gaps
+
+
+def test_counts_table_lists_wall_time_gradients_and_critical_path():
+    hit = {"wall_s": 2.5, "gradients": 4000.0, "critical_path_gradients": 250.0}
+    rows = [
+        {"target": "t", "sampler": "deer", "chains": 16, "status": "ok",
+         "reached": {"0.01": hit, "0.0001": None},
+         "checkpoints": [{**hit, "err_mean": 0.002, "err_second": 0.001}]},
+        {"target": "t", "sampler": "nuts_diag", "chains": 1, "status": "timeout",
+         "reached": {}},
+    ]  # fmt: skip
+    lines = race.counts_table(rows)
+    assert lines[2] == (
+        "| t | deer | 16 | ok | 2.50 | 4e+03 | 250 | - | - | - "
+        "| 2.50 | 4e+03 | 250 | 0.002 |"
+    )
+    assert lines[3] == "| t | nuts_diag | 1 | timeout |" + " - |" * 10
