@@ -25,6 +25,11 @@ the user's code (a fresh temporary directory, ``min_compile_time_secs=0``,
 ``min_entry_size_bytes=-1``): the first fills the cache (``cache_cold``), the
 second reads it (``cache_warm``).
 
+The ``phases`` object's warmup and sampling also give ``gradients`` (all
+gradient-equivalents) and ``critical_path_gradients`` (the longest chain of
+dependent ones), defined in ``benchmarks/race.py`` (NUTS: from its
+``num_steps``; DEER: from each block's Newton iterations and front).
+
 The minimum effective sample size over the latent sites of the first run
 (``numpyro.diagnostics.effective_sample_size``) gives the end-to-end ESS per
 second, compile and warmup included.
@@ -198,8 +203,8 @@ def _child(spec: dict) -> dict:
         out["execute_s"] = wall - out["compile_s"]
         return out
 
-    def run(mcmc, seed, a=args, k=kwargs):
-        mcmc.run(jax.random.PRNGKey(seed), *a, **k)
+    def run(mcmc, seed, a=args, k=kwargs, extra=()):
+        mcmc.run(jax.random.PRNGKey(seed), *a, extra_fields=extra, **k)
         jax.block_until_ready(mcmc.get_samples())
 
     result = {
@@ -230,18 +235,54 @@ def _child(spec: dict) -> dict:
     result["second"] = timed(lambda: run(new_mcmc(), 0))
     phased = new_mcmc()
     key = jax.random.PRNGKey(0)
+    # the gradient counts are those of this warmup and sampling (NUTS: its
+    # num_steps; DEER: Newton iterations and fronts of its blocks)
+    warm_extra = {"extra_fields": ("num_steps",), "collect_warmup": True}
     result["warmup_call"] = timed(
         lambda: (
-            phased.warmup(key, *args, **kwargs),
+            phased.warmup(key, *args, **(warm_extra if is_nuts else {}), **kwargs),
             jax.block_until_ready(phased.post_warmup_state),
         )
     )
-    result["sampling_call"] = timed(lambda: run(phased, 1))
+    warm_fields = phased.get_extra_fields(group_by_chain=True) if is_nuts else None
+    extra = ("num_steps",) if is_nuts else ("newton_iterations", "block.info.front")
+    result["sampling_call"] = timed(lambda: run(phased, 1, extra=extra))
+    result["counts"] = _counts_of(phased, spec, warm_fields, chains, is_nuts)
     jit_args = new_mcmc(jit_model_args=True)
     result["jit_args"] = timed(lambda: run(jit_args, 0))
     new_args, new_kwargs = _new_data(bench, args, kwargs)
     result["new_data"] = timed(lambda: run(jit_args, 0, new_args, new_kwargs))
     return result
+
+
+def _counts_of(mcmc, spec, warm_fields, chains, is_nuts) -> dict:
+    """``gradients``, ``critical_path_gradients`` and ``scan_levels`` of a
+    warmup and sampling run (definitions: ``benchmarks/race.py``)."""
+    import jax
+    import numpy as np
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import _counts
+
+    fields = mcmc.get_extra_fields(group_by_chain=True)
+    if is_nuts:
+        counter = _counts.StepsCounter(lockstep=spec["method"] == "nuts")
+        counts = counter.add(warm_fields["num_steps"]) + counter.add(
+            fields["num_steps"]
+        )
+        return counts.as_dict()
+    kernel, block = mcmc.sampler, mcmc.sampler.block_size
+    z = mcmc.last_state.z
+    dim = sum(int(np.size(v)) for v in jax.tree.leaves(z))
+    counts = _counts.deer_warmup(kernel, 1, spec["num_warmup"]) + (
+        _counts.deer_kernel_blocks(
+            kernel,
+            np.asarray(fields["newton_iterations"])[:, ::block],
+            np.asarray(fields["block.info.front"])[:, ::block],
+            dim,
+        )
+    )
+    return counts.as_dict()
 
 
 def _new_data(bench, args, kwargs):
@@ -330,6 +371,8 @@ def _derive(row: dict) -> dict:
     warmup = row.get("warmup_call", {}).get("execute_s")
     sampling = row.get("sampling_call", {}).get("execute_s")
     row["compile_s"] = first["compile_s"]
+    for key, value in (row.get("counts") or {}).items():
+        row[key] = value
     row["warmup_s"] = warmup
     row["sampling_s"] = sampling
     if warmup is not None and sampling is not None:
@@ -386,6 +429,8 @@ def _table(rows: list[dict]) -> str:
         ("new_data_compiles", "#comp", ".3g"),
         ("cache_warm_wall", "cached proc s", ".3g"),
         ("min_ess", "min ESS", ".4g"),
+        ("gradients", "grads", ".3g"),
+        ("critical_path_gradients", "crit. path", ".3g"),
         ("ess_per_s_first", "ESS/s first", ".3g"),
         ("ess_per_s_second", "ESS/s 2nd", ".3g"),
     ]

@@ -24,9 +24,52 @@ gradient count are interpolated linearly in draws (constant rate within a
 segment). The time to a threshold is the first checkpoint at which the error is
 at or below it (a single run: noisy by a factor of about 2 either way).
 
-**Gradients.** NUTS and BlackJAX: leapfrog steps taken (warmup included, for
-ChEES its adaptation's steps); MALA: one per step; DEER: one per state per
-Newton iteration (its Jacobian estimate's JVPs not counted).
+**Gradients and the critical path.** Next to the wall time, every checkpoint
+(and every threshold reached) records three counts, from the warmup's start up
+to that checkpoint (``benchmarks/_counts.py`` computes them):
+
+* ``gradients``: all gradient-equivalents evaluated, every chain, warmup
+  included. A *gradient-equivalent* is one evaluation of ``grad U`` or one
+  Jacobian-vector (Hessian-vector) product through it. Under ``vmap`` the
+  hardware also computes the masked lanes of chains that finished early; those
+  are not counted.
+* ``critical_path_gradients``: the longest chain of dependent
+  gradient-equivalents, what a latency-bound accelerator waits for.
+  Evaluations side by side (chains under ``vmap`` or on their own cores, the
+  steps of a block, Hutchinson probes, basis vectors) count once.
+
+  - NUTS: per iteration its ``num_steps`` (leapfrog steps, one gradient each).
+    Vectorized chains move in lockstep: ``sum_t max_c num_steps[c, t]``; a
+    chain per core (or one chain): ``max_c sum_t num_steps[c, t]``.
+  - ChEES, MEADS, adjusted MCLMC (vectorized): per iteration the integration
+    steps of the longest trajectory over chains (BlackJAX's
+    ``num_integration_steps``; GHMC: 1), summed over warmup and sampling.
+    Adjusted MCLMC's tuning reports a total per chain: its maximum over
+    chains (a lower bound of the lockstep count).
+  - Sequential MALA / HMC (``method="sequential"``): every transition, one
+    gradient per MALA step and ``L`` per HMC transition (the gradient is
+    carried), plus one at each block's start.
+  - A DEER block of ``B`` transitions (``newton_iterations`` and
+    ``block.info.front`` extra fields): per Newton iteration the step
+    function's ``g`` dependent gradients (MALA 2: it recomputes ``grad U`` at
+    its start; HMC ``L + 1``) and their tangents, ``2 g`` on the path and
+    ``g (1 + P)`` in all, with ``P`` the Jacobian estimate's products per step
+    (Hutchinson: ``num_probes``; exact diagonal or full: ``D``); the sweep's
+    sequential segments (1 + ``sweep`` carried transitions per iteration after
+    ``sweep_after``); the sequential fallback's ``1 + (B - front)`` carried
+    transitions when the front stops short; the solve basis's mean Hessian
+    (``K = 16`` points, ``K (1 + D)`` in all, 2 on the path) up to 512
+    dimensions. Vectorized chains: the slowest chain of each block.
+  - Warmup of ``DEERMALA``/``DEERHMC`` (NumPyro's adaptation, one step
+    function per draw): ``num_warmup * g`` per chain; the initial step size
+    search and the Hessian mass matrix's window ends are not counted.
+
+* ``scan_levels``: the associative scan's ``ceil(log2 B)`` levels per Newton
+  iteration (cheap elementwise products, no gradient), summed like the
+  critical path.
+
+Inside a segment all three are interpolated linearly in draws, like the wall
+time.
 
 **Sampling loops.** NUTS samples after NumPyro's own warmup in a compiled
 ``lax.scan`` of its kernel per segment (``MCMC.run`` would recompile its loop
@@ -58,7 +101,10 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from _counts import Counts  # noqa: E402
+
 THRESHOLDS = (1e-2, 1e-4)
+COUNT_KEYS = ("gradients", "critical_path_gradients", "scan_levels")
 
 
 class Tracker:
@@ -70,19 +116,19 @@ class Tracker:
         self.var2 = 2 * self.s**4 + 4 * self.m**2 * self.s**2
         self.budget_s, self.stop_at = budget_s, stop_at
         self.t0 = time.perf_counter()
-        self.warmup_s = self.grads_warmup = None
+        self.warmup_s = self.counts_warmup = None
         self.n = 0  # draws per chain
         self.s1 = self.s2 = 0.0
-        self.grads = 0.0
+        self.counts = Counts()
         self.t_last = None
         self.checkpoints: list[dict] = []
 
     def now(self) -> float:
         return time.perf_counter() - self.t0
 
-    def warmup_done(self, grads: float) -> None:
+    def warmup_done(self, counts: Counts) -> None:
         self.warmup_s = self.t_last = self.now()
-        self.grads_warmup = self.grads = float(grads)
+        self.counts_warmup = self.counts = counts
 
     def errors(self, s1, s2, count):
         mean, second = s1 / count, s2 / count
@@ -91,8 +137,9 @@ class Tracker:
             float(np.max((second - self.m**2 - self.s**2) ** 2 / self.var2)),
         )
 
-    def segment(self, s1, s2, chains: int, grads: float) -> None:
-        """Add a segment: per-draw sums over chains of ``x`` and ``x**2`` (n, D)."""
+    def segment(self, s1, s2, chains: int, counts: Counts) -> None:
+        """Add a segment: per-draw sums over chains of ``x`` and ``x**2`` (n, D),
+        and the segment's gradient counts."""
         t_end, n = self.now(), s1.shape[0]
         c1 = self.s1 + np.cumsum(s1.astype(np.float64), 0)
         c2 = self.s2 + np.cumsum(s2.astype(np.float64), 0)
@@ -105,11 +152,11 @@ class Tracker:
             self.checkpoints.append({
                 "wall_s": self.t_last + frac * (t_end - self.t_last),
                 "draws_per_chain": int(total[j]),
-                "grads": self.grads + frac * grads,
+                **(self.counts + counts.scaled(frac)).as_dict(),
                 "err_mean": e1, "err_second": e2,
             })  # fmt: skip
         self.s1, self.s2, self.n = c1[-1], c2[-1], self.n + n
-        self.grads += grads
+        self.counts = self.counts + counts
         self.t_last = t_end
 
     def done(self) -> bool:
@@ -149,12 +196,12 @@ def run_one(spec: dict) -> dict:
         out["status"] = f"failed: {type(err).__name__}: {str(err)[:300]}"
     out.update(
         warmup_s=tracker.warmup_s,
-        grads_warmup=tracker.grads_warmup,
+        counts_warmup=tracker.counts_warmup and tracker.counts_warmup.as_dict(),
         total_s=tracker.now(),
         draws_per_chain=tracker.n,
         checkpoints=tracker.checkpoints,
         reached={
-            str(thr): (c and {"wall_s": c["wall_s"], "grads": c["grads"]})
+            str(thr): (c and {k: c[k] for k in ("wall_s", *COUNT_KEYS)})
             for thr in THRESHOLDS
             for c in [tracker.reached(thr)]
         },
@@ -222,11 +269,21 @@ def _lowest_error(rows: list[dict], target: str) -> str:
     return f"; lowest: {best[1]} ({best[2]}) {best[0]:.2g} at {best[3]:.0f} s"
 
 
+def _count(hit: dict, key: str) -> float:
+    """A count of a threshold hit (``"grads"`` in files of older races)."""
+    return hit.get(key, hit.get("grads") if key == "gradients" else None)
+
+
+def _ratio(a, b) -> str:
+    return f"{a / b:.2f}" if a is not None and b else "-"
+
+
 def summary(rows: list[dict], targets: list[str], samplers: list[str]) -> list[str]:
+    """Per target and threshold: the fastest sampler and DEER against it."""
     lines = [
         "| target | thr | winner (chains) | time s | deer (chains) | deer / winner "
-        "| grads deer / winner |",
-        "|---|---|---|---|---|---|---|",
+        "| grads deer / winner | critical path deer / winner |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for thr in THRESHOLDS:
         best = best_rows(rows, thr)
@@ -234,7 +291,9 @@ def summary(rows: list[dict], targets: list[str], samplers: list[str]) -> list[s
             cands = {s: best[(t, s)] for s in samplers if (t, s) in best}
             if not cands:
                 low = _lowest_error(rows, t)
-                lines.append(f"| {t} | {thr:g} | none reached{low} | - | - | - | - |")
+                lines.append(
+                    f"| {t} | {thr:g} | none reached{low} | - | - | - | - | - |"
+                )
                 continue
             win = min(cands, key=lambda s: cands[s][1]["wall_s"])
             wc, wh = cands[win]
@@ -242,11 +301,51 @@ def summary(rows: list[dict], targets: list[str], samplers: list[str]) -> list[s
             if "deer" in cands:
                 dc, dh = cands["deer"]
                 ratio = dh["wall_s"] / wh["wall_s"]
-                gr = dh["grads"] / wh["grads"] if wh["grads"] else float("nan")
-                cell += f" {dh['wall_s']:.1f} ({dc}) | {ratio:.2f} | {gr:.2f} |"
+                gr = _ratio(_count(dh, "gradients"), _count(wh, "gradients"))
+                cp = _ratio(
+                    _count(dh, "critical_path_gradients"),
+                    _count(wh, "critical_path_gradients"),
+                )
+                cell += f" {dh['wall_s']:.1f} ({dc}) | {ratio:.2f} | {gr} | {cp} |"
             else:
-                cell += " not reached | - | - |"
+                cell += " not reached | - | - | - |"
             lines.append(cell)
+    return lines
+
+
+def counts_table(rows: list[dict]) -> list[str]:
+    """Every run: wall time, gradients and critical path to each threshold and
+    at its last checkpoint (with the error there)."""
+
+    def cell(hit):
+        if not hit:
+            return "- | - | -"
+        cp = _count(hit, "critical_path_gradients")
+        cp = f"{cp:.3g}" if cp is not None else "-"
+        return f"{hit['wall_s']:.2f} | {_count(hit, 'gradients'):.3g} | {cp}"
+
+    head = "| target | sampler | chains | status |"
+    rule = "|---|---|---|---|"
+    for thr in THRESHOLDS:
+        head += f" s to {thr:g} | grads | critical path |"
+        rule += "---|---|---|"
+    head += " end: s | grads | critical path | error |"
+    rule += "---|---|---|---|"
+    lines = [head, rule]
+    for r in rows:
+        reached = r.get("reached") or {}
+        line = (
+            f"| {r['target']} | {r['sampler']} | {r['chains']} | {r['status'][:20]} |"
+        )
+        for thr in THRESHOLDS:
+            line += f" {cell(reached.get(str(thr)))} |"
+        last = (r.get("checkpoints") or [None])[-1]
+        if last:
+            err = max(last["err_mean"], last["err_second"])
+            line += f" {cell(last)} | {err:.2g} |"
+        else:
+            line += " - | - | - | - |"
+        lines.append(line)
     return lines
 
 
@@ -293,6 +392,9 @@ def settings(ns) -> dict:
         "block_size": ns.block_size or (512 if quick else 4096),
         "hmc_warmup": 300 if quick else 1000,
         "hmc_segment": 100 if quick else 500,
+        "hmc_leapfrog": ns.hmc_leapfrog,
+        "deerhmc_warmup": ns.mala_warmup or (500 if quick else 1000),
+        "deer_warmup": ns.deer_warmup,
     }
 
 
@@ -311,6 +413,15 @@ def main(argv=None):
     parser.add_argument("--block-size", type=int, default=None)
     parser.add_argument("--mala-warmup", type=int, default=None)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--hmc-leapfrog", type=int, default=4, help="DEERHMC's num_steps"
+    )
+    parser.add_argument(
+        "--deer-warmup",
+        default=None,
+        help="passed to DEERMALA/DEERHMC as warmup= (a kernel without that "
+        "argument fails the run)",
+    )
     parser.add_argument(
         "--in-process", action="store_true", help="no fresh process per run"
     )
@@ -397,7 +508,7 @@ def report(rows: list[dict], out: Path) -> list[dict]:
     targets = list(dict.fromkeys(r["target"] for r in rows))
     samplers = list(dict.fromkeys(r["sampler"] for r in rows))
     plot(rows, out)
-    lines = summary(rows, targets, samplers)
+    lines = counts_table(rows) + [""] + summary(rows, targets, samplers)
     (out / "summary.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return rows

@@ -13,6 +13,12 @@ The clock starts before anything is traced, so compilation and warmup count.
 * ``mala_seq``: ``DEERMALA(method="sequential")``, the same MALA chain as DEER
   computed one step after the other, vectorized chains.
 * ``deer``: ``DEERMALA`` (DEER), its defaults, vectorized chains.
+* ``hmc_seq`` / ``deerhmc``: ``DEERHMC`` (``num_steps`` leapfrog steps,
+  ``settings["hmc_leapfrog"]``, 4 by default) computed sequentially / by DEER,
+  vectorized chains (up to 1,024 and more: ``--samplers deerhmc:16,256,1024``).
+  ``settings["deer_warmup"]`` (``--deer-warmup``) is forwarded to the DEER
+  kernels as ``warmup=`` where their constructor takes it (a parallel warmup),
+  an error where it does not.
 * ``chees``: BlackJAX's ChEES-HMC (``chees_adaptation`` with Adam, learning rate
   0.025, then ``dynamic_hmc`` with the adapted jittered trajectory length).
 * ``meads``: BlackJAX's MEADS (``meads_adaptation``, then ``ghmc``).
@@ -24,8 +30,11 @@ for DEER); the BlackJAX ones through a jitted ``lax.scan`` of the vmapped step.
 
 from __future__ import annotations
 
+import inspect
+import sys
 import warnings
 from collections.abc import Callable
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -34,6 +43,9 @@ import numpyro
 from jax.flatten_util import ravel_pytree
 
 import numpyro_deer
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _counts  # noqa: E402
 
 
 def flatten_sites(samples: dict, sites: list[str], lead: int) -> jax.Array:
@@ -45,136 +57,185 @@ def flatten_sites(samples: dict, sites: list[str], lead: int) -> jax.Array:
 
 
 # ------------------------------------------------------------- NumPyro ones
-def _numpyro_competitor(
-    target,
-    chains,
-    settings,
-    tracker,
-    kernel,
-    driver,
-    seg,
-    warmup,
-    extra,
-    warmup_grads=None,
-):
-    args, kwargs = target.args, target.kwargs
-    sites = list(target.truth)
+def _chain_method(settings, chains, driver) -> str:
     if chains == 1:
-        method = "sequential"
-    elif (
+        return "sequential"
+    if (
         settings["platform"] == "cpu"
         and driver is numpyro.infer.MCMC
         and jax.local_device_count() >= chains
     ):
-        method = "parallel"  # one chain per core (the caller sets the device count)
-    else:
-        method = "vectorized"
-    mcmc = driver(
+        return "parallel"  # one chain per core (the caller sets the device count)
+    return "vectorized"
+
+
+def _nuts_competitor(target, chains, settings, tracker, kernel):
+    """NumPyro's own warmup, then :func:`_kernel_segments`."""
+    args, kwargs = target.args, target.kwargs
+    method = _chain_method(settings, chains, numpyro.infer.MCMC)
+    mcmc = numpyro.infer.MCMC(
         kernel,
-        num_warmup=warmup,
-        num_samples=seg,
+        num_warmup=settings["nuts_warmup"],
+        num_samples=settings["nuts_segment"],
         num_chains=chains,
         chain_method=method,
         progress_bar=False,
     )
-    key = jax.random.PRNGKey(settings["seed"])
+    counter = _counts.StepsCounter(lockstep=method == "vectorized")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        nuts_steps = "num_steps" in extra
-        mcmc.warmup(key, *args, extra_fields=extra, collect_warmup=nuts_steps, **kwargs)
-        if warmup_grads is None:
-            warmup_grads = _grads(mcmc, extra, chains, warmup)
-        tracker.warmup_done(warmup_grads)
-        if driver is numpyro.infer.MCMC:
-            return _kernel_segments(mcmc, target, chains, method, seg, tracker)
+        mcmc.warmup(
+            jax.random.PRNGKey(settings["seed"]), *args,
+            extra_fields=("num_steps",), collect_warmup=True, **kwargs,
+        )  # fmt: skip
+        steps = mcmc.get_extra_fields(group_by_chain=True)["num_steps"]
+        tracker.warmup_done(counter.add(steps))
+        _kernel_segments(
+            mcmc, target, chains, method, settings["nuts_segment"], tracker, counter
+        )
+
+
+def _kernel_segments(mcmc, target, chains, method, seg, tracker, counter):
+    """Sample after ``mcmc.warmup`` in segments of one compiled ``lax.scan``.
+
+    ``numpyro.infer.MCMC.run`` compiles its sampling loop anew on every call
+    (``fori_collect`` jits a fresh closure), which a user sampling once pays
+    once; this loop over the kernel's own ``sample`` compiles once: ``pmap``
+    over the chains for ``"parallel"``; for ``"vectorized"`` the kernel's
+    ``sample`` already maps over the chains (NumPyro's ``HMC.init`` wraps it in
+    ``vmap`` when its key is batched), so the scan runs on the batched state
+    and only the constraining map is vmapped.
+    """
+    sampler, (args, kwargs) = mcmc.sampler, (target.args, target.kwargs)
+    constrain = sampler.postprocess_fn(args, kwargs)
+    sites = list(target.truth)
+
+    def draw(z):
+        return flatten_sites(constrain(z), sites, 0)
+
+    def scan(state, batched):
+        def body(state, _):
+            state = sampler.sample(state, args, kwargs)
+            x = jax.vmap(draw)(state.z) if batched else draw(state.z)
+            return state, (x, state.num_steps)
+
+        # x: (seg, [chains,] D); steps: (seg, [chains])
+        return jax.lax.scan(body, state, None, length=seg)
+
+    if method == "parallel":
+        pmapped = jax.pmap(lambda st: scan(st, False))
+
+        def fn(state):
+            state, (x, n) = pmapped(state)  # (chains, seg, ...)
+            return state, x.sum(0), (x**2).sum(0), n
+
+    else:
+        batched = method == "vectorized"
+
+        @jax.jit
+        def fn(state):
+            state, (x, n) = scan(state, batched)
+            if not batched:
+                x, n = x[:, None], n[:, None]
+            return state, x.sum(1), (x**2).sum(1), n.T
+
+    state = mcmc.post_warmup_state
+    while not tracker.done():
+        state, s1, s2, n = fn(state)
+        tracker.segment(np.asarray(s1), np.asarray(s2), chains, counter.add(n))
+
+
+def _flat_dim(z, chains: int) -> int:
+    return sum(int(np.size(v)) for v in jax.tree.leaves(z)) // chains
+
+
+def _deer_competitor(target, chains, settings, tracker, kernel, warmup):
+    """A ``DEERMALA``/``DEERHMC`` through ``numpyro_deer.MCMC``, a block per segment."""
+    args, kwargs = target.args, target.kwargs
+    sites = list(target.truth)
+    block = kernel.block_size
+    mcmc = numpyro_deer.MCMC(
+        kernel,
+        num_warmup=warmup,
+        num_samples=block,
+        num_chains=chains,
+        chain_method=_chain_method(settings, chains, numpyro_deer.MCMC),
+        progress_bar=False,
+    )
+    extra = ("newton_iterations", "block.info.front")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        mcmc.warmup(jax.random.PRNGKey(settings["seed"]), *args, **kwargs)
+        tracker.warmup_done(_counts.deer_warmup(kernel, chains, warmup))
+        dim = _flat_dim(mcmc.post_warmup_state.z, chains)
         while not tracker.done():
             mcmc.run(
                 mcmc.post_warmup_state.rng_key, *args, extra_fields=extra, **kwargs
             )
             draws = flatten_sites(mcmc.get_samples(group_by_chain=True), sites, 2)
             s1, s2 = draws.sum(0), (draws**2).sum(0)
-            tracker.segment(
-                np.asarray(s1), np.asarray(s2), chains, _grads(mcmc, extra, chains, seg)
+            fields = mcmc.get_extra_fields(group_by_chain=True)
+            counts = _counts.deer_kernel_blocks(
+                kernel,
+                np.asarray(fields["newton_iterations"])[:, ::block],
+                np.asarray(fields["block.info.front"])[:, ::block],
+                dim,
             )
+            tracker.segment(np.asarray(s1), np.asarray(s2), chains, counts)
             mcmc.post_warmup_state = mcmc.last_state
-
-
-def _kernel_segments(mcmc, target, chains, method, seg, tracker):
-    """Sample after ``mcmc.warmup`` in segments of one compiled ``lax.scan``.
-
-    ``numpyro.infer.MCMC.run`` compiles its sampling loop anew on every call
-    (``fori_collect`` jits a fresh closure), which a user sampling once pays
-    once; this loop over the kernel's own ``sample`` compiles once (``pmap``
-    over the chains for ``"parallel"``, ``vmap`` for ``"vectorized"``).
-    """
-    sampler, (args, kwargs) = mcmc.sampler, (target.args, target.kwargs)
-    constrain = sampler.postprocess_fn(args, kwargs)
-    sites = list(target.truth)
-
-    def one_chain(state):
-        def body(state, _):
-            state = sampler.sample(state, args, kwargs)
-            x = flatten_sites(constrain(state.z), sites, 0)
-            return state, (x, x**2, state.num_steps)
-
-        state, (x, x2, n) = jax.lax.scan(body, state, None, length=seg)
-        return state, x, x2, jnp.sum(n)
-
-    if method == "parallel":
-        fn = jax.pmap(one_chain)
-    elif method == "vectorized":
-        fn = jax.jit(jax.vmap(one_chain))
-    else:
-        fn = jax.jit(lambda st: jax.tree.map(lambda v: v[None], one_chain(st)))
-    state = mcmc.post_warmup_state
-    while not tracker.done():
-        state, x, x2, n = fn(state)
-        s1, s2 = np.asarray(x).sum(0), np.asarray(x2).sum(0)
-        tracker.segment(s1, s2, chains, float(np.asarray(n).sum()))
-
-
-def _grads(mcmc, extra, chains, steps):
-    """Gradient evaluations of the last warmup/run, all chains."""
-    if "num_steps" in extra:
-        return float(np.asarray(mcmc.get_extra_fields()["num_steps"]).sum())
-    if "newton_iterations" in extra:
-        # one gradient per state per Newton iteration (JVPs of the Jacobian
-        # estimate not counted); iterations are reported once per draw, so
-        # sum them over the first draw of each block
-        its = np.asarray(
-            mcmc.get_extra_fields(group_by_chain=True)["newton_iterations"]
-        )
-        block = (
-            mcmc.sampler.block_size
-            if hasattr(mcmc.sampler, "block_size")
-            else its.shape[1]
-        )
-        return float(its[:, ::block].sum() * block)
-    return float(chains * steps)  # one gradient per MALA step
 
 
 def nuts(dense: bool) -> Callable:
     def run(target, chains, settings, tracker):
         kernel = numpyro.infer.NUTS(target.model, dense_mass=dense)
-        _numpyro_competitor(
-            target, chains, settings, tracker, kernel, numpyro.infer.MCMC,
-            settings["nuts_segment"], settings["nuts_warmup"], ("num_steps",),
-        )  # fmt: skip
+        _nuts_competitor(target, chains, settings, tracker, kernel)
 
     return run
 
 
+def _with_warmup_hook(cls, settings, options: dict) -> dict:
+    """``options`` plus ``warmup=settings["deer_warmup"]`` when one is asked for.
+
+    The hook for a warmup other than NumPyro's sequential adaptation (e.g. one
+    in parallel windows): forwarded to the kernel only if its constructor
+    takes ``warmup``; asked for and not taken is an error, never ignored.
+    """
+    choice = settings.get("deer_warmup")
+    if choice is None:
+        return options
+    if "warmup" not in inspect.signature(cls.__init__).parameters:
+        raise ValueError(
+            f"--deer-warmup {choice!r}: {cls.__name__} takes no `warmup` "
+            "argument in this version of numpyro_deer; leave the option out "
+            "for NumPyro's sequential warmup."
+        )
+    return {**options, "warmup": choice}
+
+
 def mala(method: str) -> Callable:
     def run(target, chains, settings, tracker):
-        block = settings["block_size"]
-        kernel = numpyro_deer.DEERMALA(target.model, block_size=block, method=method)
-        extra = ("newton_iterations",) if method == "deer" else ()
-        _numpyro_competitor(
-            target, chains, settings, tracker, kernel, numpyro_deer.MCMC,
-            block, settings["mala_warmup"], extra,
-            # warmup is sequential MALA: one gradient per step and chain
-            warmup_grads=float(chains * settings["mala_warmup"]),
-        )  # fmt: skip
+        options = {"block_size": settings["block_size"], "method": method}
+        options = _with_warmup_hook(numpyro_deer.DEERMALA, settings, options)
+        kernel = numpyro_deer.DEERMALA(target.model, **options)
+        warmup = settings["mala_warmup"]
+        _deer_competitor(target, chains, settings, tracker, kernel, warmup)
+
+    return run
+
+
+def hmc(method: str) -> Callable:
+    """``DEERHMC`` (its defaults but ``num_steps``: ``settings["hmc_leapfrog"]``)."""
+
+    def run(target, chains, settings, tracker):
+        options = {
+            "block_size": settings["block_size"],
+            "method": method,
+            "num_steps": settings.get("hmc_leapfrog", 4),
+        }
+        options = _with_warmup_hook(numpyro_deer.DEERHMC, settings, options)
+        kernel = numpyro_deer.DEERHMC(target.model, **options)
+        warmup = settings.get("deerhmc_warmup", settings["mala_warmup"])
+        _deer_competitor(target, chains, settings, tracker, kernel, warmup)
 
     return run
 
@@ -218,17 +279,17 @@ def _blackjax_sampling(
             states, info = jax.vmap(step)(keys, states)
             pos = position(states) if position else states.position
             x = jax.vmap(constrained)(pos)
+            # integration steps per chain (GHMC: one leapfrog step)
             n = getattr(info, "num_integration_steps", jnp.ones(chains))
-            return states, (x.sum(0), (x**2).sum(0), jnp.sum(n))
+            return states, (x.sum(0), (x**2).sum(0), jnp.broadcast_to(n, (chains,)))
 
         return jax.lax.scan(one, states, jax.random.split(key, seg))
 
     while not tracker.done():
         key, sub = jax.random.split(key)
         states, (s1, s2, n) = segment(states, sub)
-        tracker.segment(
-            np.asarray(s1), np.asarray(s2), chains, float(np.asarray(n).sum())
-        )
+        counts = _counts.from_steps(np.asarray(n).T, lockstep=True)
+        tracker.segment(np.asarray(s1), np.asarray(s2), chains, counts)
 
 
 def chees(target, chains, settings, tracker):
@@ -243,10 +304,9 @@ def chees(target, chains, settings, tracker):
         key, inits, step_size=0.1, optim=optax.adam(0.025), num_steps=warm,
         max_sampling_steps=10**7,
     )  # fmt: skip
-    grads = np.asarray(
-        getattr(info.info, "num_integration_steps", np.full(warm, np.nan))
-    )
-    tracker.warmup_done(float(np.nansum(grads)))
+    # integration steps per adaptation step and chain, (warm, chains)
+    steps = np.asarray(info.info.num_integration_steps).reshape(warm, -1)
+    tracker.warmup_done(_counts.from_steps(steps.T, lockstep=True))
     step = blackjax.dynamic_hmc(logdensity, **params).step
     _blackjax_sampling(
         step, constrained, states, chains, settings["hmc_segment"], key, tracker
@@ -261,7 +321,8 @@ def meads(target, chains, settings, tracker):
     adapt = blackjax.meads_adaptation(logdensity, chains)
     key = jax.random.PRNGKey(settings["seed"])
     (states, params), _ = adapt.run(key, inits, num_steps=warm)
-    tracker.warmup_done(float(chains * warm))  # GHMC: one leapfrog step per transition
+    # GHMC: one leapfrog step per transition
+    tracker.warmup_done(_counts.sequential(chains, warm, 1))
     step = blackjax.ghmc(logdensity, **params).step
     _blackjax_sampling(
         step, constrained, states, chains, settings["hmc_segment"], key, tracker
@@ -304,7 +365,9 @@ def adjusted_mclmc(target, chains, settings, tracker):
 
     keys = jax.random.split(jax.random.PRNGKey(settings["seed"]), chains)
     states, params, n = jax.jit(jax.vmap(tune))(keys, inits)
-    tracker.warmup_done(float(np.asarray(n).sum()))
+    # totals per chain only: the largest is a lower bound of the lockstep path
+    n = np.asarray(n, np.float64)
+    tracker.warmup_done(_counts.Counts(float(n.sum()), float(n.max())))
 
     def step(key, state_params):
         state, p = state_params
@@ -336,6 +399,8 @@ SAMPLERS: dict[str, Callable] = {
     "nuts_dense": nuts(True),
     "mala_seq": mala("sequential"),
     "deer": mala("deer"),
+    "hmc_seq": hmc("sequential"),
+    "deerhmc": hmc("deer"),
     "chees": chees,
     "meads": meads,
     "adjusted_mclmc": adjusted_mclmc,

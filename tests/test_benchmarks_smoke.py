@@ -175,11 +175,24 @@ CASES = {
         "--block-size",
         "16",
     ],
+    "paper.py": ["--size", "tiny"],
+    "many_chains.py": [
+        "--models",
+        "eight_schools",
+        "--chains",
+        "1",
+        "2",
+        "--block-sizes",
+        "16",
+        "--warmup",
+        "20",
+    ],
 }
 # scripts that write a folder of JSON files (``--out DIR``) instead of one file
 WRITES_FOLDER = {"make_references.py"}
 # scripts that are not benchmarks run on their own
 HELPERS = {
+    "_counts.py",
     "_setup.py",
     "_hmc_setup.py",
     "_scaling_kernel.py",
@@ -206,7 +219,9 @@ BENCH_ONLY = {
     "hmc_tuning.py",
     "hmc_vs_mala.py",
     "iteration_cost.py",
+    "many_chains.py",
     "method_auto.py",
+    "paper.py",
     "vectorized_chains.py",
     "warmup_cost.py",
 }
@@ -244,7 +259,21 @@ def test_benchmark_runs_at_a_tiny_size(script, tmp_path):
         timeout=600,
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    assert json.loads(out.read_text())
+    result_json = json.loads(out.read_text())
+    assert result_json
+    if script == "paper.py":  # DEER gives the sequential chain (float32)
+        rows = result_json["rows"]
+        deer = [r for r in rows if r["variant"].startswith("deer")]
+        assert len(deer) == 4 and all(r["finite"] for r in rows)
+        assert all(r["max_abs_diff"] < 0.05 for r in deer), deer
+    if script == "many_chains.py":
+        rows = result_json["rows"]
+        assert [r["status"] for r in rows] == ["ok"] * 4, rows
+        # (min_ess of 16 draws per chain can be None: not finite)
+        assert all(r["draws_per_s"] > 0 for r in rows)
+        assert all(0 < r["critical_path_gradients"] <= r["gradients"] for r in rows), (
+            rows
+        )
     if script == "suite.py":  # plot.py draws the suite's JSON
         png = tmp_path / "speedup.png"
         plot = subprocess.run(

@@ -29,25 +29,31 @@ TINY = {
     "block_size": 32,
     "hmc_warmup": 20,
     "hmc_segment": 10,
+    "hmc_leapfrog": 2,
 }
 
 
 def test_tracker_scores_against_the_truth():
     truth = {"a": gym_models.Truth(np.array([1.0, -2.0]), np.array([2.0, 0.5]))}
     tracker = race.Tracker(truth, budget_s=1e9, stop_at=1e-4)
-    tracker.warmup_done(0.0)
+    tracker.warmup_done(race.Counts())
     # one draw per chain, two chains: x = m -/+ s, so the mean is exact and
     # the second moment is m^2 + s^2 exactly
     m, s = truth["a"]
     s1 = (2 * m)[None]
     s2 = ((m - s) ** 2 + (m + s) ** 2)[None]
-    tracker.segment(s1, s2, chains=2, grads=4.0)
+    tracker.segment(s1, s2, chains=2, counts=race.Counts(4.0, 2.0, 1.0))
     c = tracker.checkpoints[-1]
     assert c["err_mean"] == pytest.approx(0.0, abs=1e-12)
     assert c["err_second"] == pytest.approx(0.0, abs=1e-12)
-    assert tracker.reached(1e-4)["grads"] == 4.0
+    hit = tracker.reached(1e-4)
+    assert (hit["gradients"], hit["critical_path_gradients"]) == (4.0, 2.0)
+    assert hit["scan_levels"] == 1.0
     # half the draws off by half an sd in one component: mean off by s/4
-    tracker.segment((2 * (m + [0.0, 0.25]))[None], s2, chains=2, grads=4.0)
+    tracker.segment(
+        (2 * (m + [0.0, 0.25]))[None], s2, chains=2, counts=race.Counts(4.0, 2.0)
+    )
+    assert tracker.checkpoints[-1]["gradients"] == 8.0
     e1, _ = tracker.errors(tracker.s1, tracker.s2, 4)
     assert e1 == pytest.approx((0.125 / 0.5) ** 2, rel=1e-9)
 
@@ -66,6 +72,8 @@ def _available(sampler):
         ("nuts_diag", 1),
         ("mala_seq", 2),
         ("deer", 1),
+        ("hmc_seq", 2),
+        ("deerhmc", 2),
         ("chees", 4),
         ("meads", 4),
         ("adjusted_mclmc", 4),
@@ -78,16 +86,20 @@ def test_competitor_runs_one_segment(sampler, chains):
     )
     assert row["status"] == "ok", row["status"]
     assert row["draws_per_chain"] > 0
-    assert row["grads_warmup"] > 0
+    warm = row["counts_warmup"]
+    assert warm["gradients"] > 0
+    assert 0 < warm["critical_path_gradients"] <= warm["gradients"]
     c = row["checkpoints"][-1]
     assert np.isfinite(c["err_mean"]) and np.isfinite(c["err_second"])
-    assert c["grads"] > row["grads_warmup"]
+    assert c["gradients"] > warm["gradients"]
+    assert warm["critical_path_gradients"] < c["critical_path_gradients"]
+    assert c["critical_path_gradients"] <= c["gradients"]
     assert row["dim"] == 18  # mu, tau, theta_tilde (8) and the deterministic theta (8)
 
 
 def test_summary_names_the_winner_and_ratio():
     def row(sampler, wall, grads):
-        hit = {"wall_s": wall, "grads": grads}
+        hit = {"wall_s": wall, "gradients": grads, "critical_path_gradients": grads / 2}
         return {
             "target": "t",
             "sampler": sampler,
@@ -100,7 +112,7 @@ def test_summary_names_the_winner_and_ratio():
         ["t"],
         ["deer", "nuts_diag"],
     )
-    assert "| t | 0.01 | nuts_diag (1) | 2.0 | 4.0 (1) | 2.00 | 0.50 |" in lines
+    assert "| t | 0.01 | nuts_diag (1) | 2.0 | 4.0 (1) | 2.00 | 0.50 | 0.50 |" in lines
 
 
 @pytest.mark.parametrize("name", list(gym_models.GYM_TARGETS))
@@ -112,3 +124,20 @@ def test_gym_model_log_density_matches_the_gym(name):
     # the same density up to a constant; float32 rounding of values of order 1e4
     scale = max(1.0, np.max(np.abs(gaps)))
     assert np.ptp(gaps) < 1e-5 * scale + 5e-3, gaps
+
+
+def test_counts_table_lists_wall_time_gradients_and_critical_path():
+    hit = {"wall_s": 2.5, "gradients": 4000.0, "critical_path_gradients": 250.0}
+    rows = [
+        {"target": "t", "sampler": "deer", "chains": 16, "status": "ok",
+         "reached": {"0.01": hit, "0.0001": None},
+         "checkpoints": [{**hit, "err_mean": 0.002, "err_second": 0.001}]},
+        {"target": "t", "sampler": "nuts_diag", "chains": 1, "status": "timeout",
+         "reached": {}},
+    ]  # fmt: skip
+    lines = race.counts_table(rows)
+    assert lines[2] == (
+        "| t | deer | 16 | ok | 2.50 | 4e+03 | 250 | - | - | - "
+        "| 2.50 | 4e+03 | 250 | 0.002 |"
+    )
+    assert lines[3] == "| t | nuts_diag | 1 | timeout |" + " - |" * 10

@@ -1,0 +1,224 @@
+"""Gradient counts of a run: all evaluations and the critical path.
+
+The definitions are in ``benchmarks/race.py``'s module docstring (section
+*Gradients and the critical path*); this module implements them from what each
+sampler reports, for ``race.py``, ``end_to_end.py``, ``paper.py`` and
+``many_chains.py``. A *gradient-equivalent* is one evaluation of ``grad U`` or
+one Jacobian-vector (Hessian-vector) product through it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Counts:
+    """``gradients`` (all chains), ``critical_path_gradients`` and ``scan_levels``."""
+
+    gradients: float = 0.0
+    critical_path_gradients: float = 0.0
+    scan_levels: float = 0.0
+
+    def __add__(self, other: Counts) -> Counts:
+        return Counts(
+            self.gradients + other.gradients,
+            self.critical_path_gradients + other.critical_path_gradients,
+            self.scan_levels + other.scan_levels,
+        )
+
+    def scaled(self, frac: float) -> Counts:
+        """Linear interpolation inside a segment (``frac`` of its draws)."""
+        return Counts(
+            frac * self.gradients,
+            frac * self.critical_path_gradients,
+            frac * self.scan_levels,
+        )
+
+    def as_dict(self) -> dict:
+        return {k: float(v) for k, v in asdict(self).items()}
+
+
+def from_steps(steps, lockstep: bool) -> Counts:
+    """Counts of chains that each evaluate ``steps[c, t]`` dependent gradients
+    at iteration ``t`` (NUTS's ``num_steps``, a trajectory's integration steps).
+
+    ``lockstep``: the chains are vectorized (one program, ``vmap``), so an
+    iteration lasts as long as its slowest chain: the critical path is
+    ``sum_t max_c steps[c, t]``. Otherwise (one chain per core, or one chain)
+    each chain runs on its own: ``max_c sum_t steps[c, t]``.
+    """
+    steps = np.asarray(steps, np.float64)
+    if steps.ndim == 1:
+        steps = steps[None]
+    if steps.size == 0:
+        return Counts()
+    critical = steps.max(0).sum() if lockstep else steps.sum(1).max()
+    return Counts(float(steps.sum()), float(critical))
+
+
+def sequential(chains: int, transitions: int, per_transition: int, init: int = 0):
+    """``transitions`` dependent transitions of ``per_transition`` gradients on
+    each of ``chains`` chains side by side, after ``init`` gradients."""
+    depth = transitions * per_transition + init
+    return Counts(float(chains * depth), float(depth))
+
+
+@dataclass(frozen=True)
+class TransitionCost:
+    """Gradient evaluations of one transition of a DEER kernel.
+
+    Attributes:
+        step: in the step function the solver linearises (and warmup takes),
+            which recomputes ``grad U`` at its starting point: MALA 2, HMC
+            with ``L`` leapfrog steps ``L + 1``.
+        carried: in a sequential loop that carries ``grad U`` (the
+            ``"sequential"`` method, the sweep, the fallback): MALA 1, HMC
+            ``L``.
+    """
+
+    step: int
+    carried: int
+
+
+def transition_cost(kernel) -> TransitionCost:
+    """The :class:`TransitionCost` of a ``DEERMALA`` or ``DEERHMC``."""
+    leapfrog = getattr(kernel, "num_steps", None)
+    if leapfrog is None:  # MALA
+        return TransitionCost(2, 1)
+    return TransitionCost(int(leapfrog) + 1, int(leapfrog))
+
+
+def jacobian_products(solver, dim: int) -> int:
+    """JVPs per step and Newton iteration of the solver's Jacobian estimate:
+    Hutchinson's probes (``num_probes``), or ``dim`` for the exact diagonal
+    and the dense Jacobian."""
+    probes = getattr(solver.jacobian, "num_probes", None)
+    return int(probes) if probes is not None else int(dim)
+
+
+def deer_blocks(
+    iterations,
+    fronts,
+    *,
+    block_size: int,
+    dim: int,
+    cost: TransitionCost,
+    products: int,
+    sweep: int = 0,
+    sweep_after: int = 0,
+    hessian_points: int = 0,
+    lockstep: bool = True,
+) -> Counts:
+    """Counts of DEER-solved blocks: ``iterations[c, b]`` Newton iterations and
+    front ``fronts[c, b]`` of block ``b`` of chain ``c``.
+
+    Per step and Newton iteration: the step's value and ``products`` tangents
+    through its ``cost.step`` gradients (the tangents of several probes side
+    by side), ``cost.step * (1 + products)`` in all and ``2 * cost.step`` on
+    the critical path; ``ceil(log2 B)`` scan levels. With a sweep (``sweep >
+    0``) every iteration starts ``max(1, B // sweep)`` sequential segments (one
+    gradient each) and from iteration ``sweep_after`` on runs ``sweep`` carried
+    steps in them. A block whose front stops short of ``B`` is finished
+    sequentially: ``1 + (B - front) * cost.carried``. ``hessian_points`` ``K >
+    0``: the solve basis's mean Hessian, ``K (1 + dim)`` in all, 2 on the path.
+    Vectorized chains (``lockstep``) wait for the slowest chain of each block.
+    """
+    its = np.asarray(iterations, np.float64)
+    fronts = np.asarray(fronts, np.float64)
+    if its.ndim == 1:
+        its, fronts = its[None], fronts[None]
+    if its.size == 0:
+        return Counts()
+    B = block_size
+    work = its * cost.step * (1 + products)
+    depth = its * 2 * cost.step
+    if sweep:
+        segments = max(1, min(B // sweep, B))
+        sweeping = np.maximum(its - sweep_after, 0)
+        work = work + its * segments + sweeping * segments * sweep * cost.carried
+        depth = depth + its + sweeping * sweep * cost.carried
+    short = fronts < B
+    fallback = np.where(short, 1 + (B - fronts) * cost.carried, 0.0)
+    work, depth = work + fallback, depth + fallback
+    if hessian_points:
+        work = work + hessian_points * (1 + dim)
+        depth = depth + 2
+    levels = its * math.ceil(math.log2(B)) if B > 1 else its * 0
+    if lockstep:
+        critical, scan = depth.max(0).sum(), levels.max(0).sum()
+    else:
+        critical, scan = depth.sum(1).max(), levels.sum(1).max()
+    return Counts(float(work.sum()), float(critical), float(scan))
+
+
+def deer_kernel_blocks(kernel, iterations, fronts, dim: int, lockstep=True) -> Counts:
+    """:func:`deer_blocks` with the settings read from a ``DEERMALA`` or
+    ``DEERHMC`` (its solver, block size and the solve basis ``"auto"`` picks:
+    the mean Hessian up to 512 dimensions)."""
+    cost = transition_cost(kernel)
+    its = np.asarray(iterations)
+    blocks = its.shape[-1] if its.ndim else 1
+    chains = its.shape[0] if its.ndim == 2 else 1
+    if kernel_method(kernel) == "sequential":
+        return sequential(chains, blocks * kernel.block_size, cost.carried, 0) + (
+            sequential(chains, blocks, 1)  # the gradient at each block's start
+        )
+    solver = kernel.solver
+    basis = solver.solve_basis
+    if basis == "auto":
+        basis = "hessian" if dim <= 512 else "whitened"
+    return deer_blocks(
+        iterations,
+        fronts,
+        block_size=kernel.block_size,
+        dim=dim,
+        cost=cost,
+        products=jacobian_products(solver, dim),
+        sweep=solver.sweep,
+        sweep_after=solver.sweep_after,
+        hessian_points=16 if basis == "hessian" else 0,
+        lockstep=lockstep,
+    )
+
+
+def kernel_method(kernel) -> str:
+    """The method a DEER kernel computes its blocks with (``"auto"`` resolved
+    where the kernel has chosen)."""
+    method = kernel.method
+    if method == "auto":
+        method = getattr(kernel, "method_chosen", None) or "deer"
+    return method
+
+
+def deer_warmup(kernel, chains: int, num_warmup: int) -> Counts:
+    """Warmup of a DEER kernel: ``num_warmup`` transitions of the step function
+    per chain (NumPyro's adaptation; the initial step size search and the
+    Hessian mass matrix's window ends are not counted)."""
+    return sequential(chains, num_warmup, transition_cost(kernel).step)
+
+
+class StepsCounter:
+    """:func:`from_steps` over consecutive segments of one run.
+
+    A chain per core finishes when its own total does, so its critical path
+    is the largest running total over chains, not a sum of per-segment
+    maxima; each :meth:`add` returns the increment of the counts.
+    """
+
+    def __init__(self, lockstep: bool):
+        self.lockstep = lockstep
+        self.totals = None  # per chain, for chains on their own cores
+
+    def add(self, steps) -> Counts:
+        steps = np.asarray(steps, np.float64)
+        if steps.ndim == 1:
+            steps = steps[None]
+        if self.lockstep:
+            return from_steps(steps, True)
+        before = 0.0 if self.totals is None else float(self.totals.max())
+        self.totals = steps.sum(1) + (0.0 if self.totals is None else self.totals)
+        return Counts(float(steps.sum()), float(self.totals.max()) - before)
