@@ -163,8 +163,9 @@ def deer_kernel_blocks(kernel, iterations, fronts, dim: int, lockstep=True) -> C
     its = np.asarray(iterations)
     blocks = its.shape[-1] if its.ndim else 1
     chains = its.shape[0] if its.ndim == 2 else 1
+    block_size = kernel.program.block_size  # the run's (fitted) size
     if kernel_method(kernel) == "sequential":
-        return sequential(chains, blocks * kernel.block_size, cost.carried, 0) + (
+        return sequential(chains, blocks * block_size, cost.carried, 0) + (
             sequential(chains, blocks, 1)  # the gradient at each block's start
         )
     solver = kernel.solver
@@ -174,7 +175,7 @@ def deer_kernel_blocks(kernel, iterations, fronts, dim: int, lockstep=True) -> C
     return deer_blocks(
         iterations,
         fronts,
-        block_size=kernel.block_size,
+        block_size=block_size,
         dim=dim,
         cost=cost,
         products=jacobian_products(solver, dim),

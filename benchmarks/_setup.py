@@ -174,6 +174,7 @@ def describe_kernel(kernel) -> dict:
     """The kernel's effective settings (public attributes), for the JSON."""
     return {
         "block_size": kernel.block_size,
+        "run_block_size": None if kernel.program is None else kernel.program.block_size,
         "solver": repr(kernel.solver),
     }
 
