@@ -38,6 +38,7 @@ from jax import Array
 from numpyro.infer.hmc_util import build_adaptation_schedule
 
 from ..core.hessian import mean_hessian_eigh
+from ..core.tree import tree_where
 
 EIGENVALUE_FLOOR = 1e-4
 """Smallest eigenvalue of the mean Hessian kept, relative to the largest."""
@@ -111,7 +112,7 @@ def hessian_mass(state: Any, potential: Callable[[Array], Array], points: Array)
         mass_matrix_sqrt=sqrt,
         mass_matrix_sqrt_inv=sqrt_inv,
     )
-    return jax.tree.map(lambda a, b: jnp.where(finite, a, b), new, state), finite
+    return tree_where(finite, new, state), finite
 
 
 def hessian_window_ends(num_warmup: int) -> tuple[int, ...]:

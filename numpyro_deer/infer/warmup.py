@@ -35,6 +35,7 @@ from numpyro.infer.hmc_util import (
 from ..core.mala import MALA
 from ..core.metric import mass_matrix_sqrt
 from ..core.transition import Transition, make_step_fn
+from ..core.tree import tree_where
 from .block import DEERMALAState, record_warmup_draw
 from .hessian_mass import hessian_mass, is_hessian_window_end
 
@@ -118,7 +119,7 @@ def restart_step_size(
     )
     ss_init, _ = dual_averaging()
     new = adapt._replace(step_size=eps, ss_state=ss_init(log_10_eps), rng_key=key)
-    return jax.tree.map(lambda a, b: jnp.where(use, a, b), new, adapt)
+    return tree_where(use, new, adapt)
 
 
 def hessian_metric(
