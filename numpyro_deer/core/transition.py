@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from functools import partial
 from typing import Any, NamedTuple, Protocol
 
 import jax
@@ -141,6 +142,25 @@ def make_step_fn(
     return step_fn
 
 
+def _carried_step(
+    transition: Transition,
+    potential_fn: PotentialFn,
+    step_size: Array,
+    mass_sqrt: Array | None = None,
+    gate: Gate = HardGate(),
+) -> Callable[[Carry, Tape], tuple[Carry, tuple[Array, StepInfo]]]:
+    """``(carry, tape_t) -> (carry, (x_new, info))``: one step with
+    ``carry = (x, U(x), grad U(x))``, one gradient evaluation."""
+
+    def step(carry, tape_t):
+        carry, info = transition.step(
+            potential_fn, step_size, carry, tape_t, mass_sqrt, gate
+        )
+        return carry, (carry[0], info)
+
+    return step
+
+
 def make_sequential_step(
     transition: Transition,
     potential_fn: PotentialFn,
@@ -153,17 +173,13 @@ def make_sequential_step(
     For the sweep's sequential segments (``DEERSolver(sweep=k)``): each step
     then costs one gradient evaluation instead of two.
     """
-
-    def init(x):
-        return carry_at(potential_fn, x)
+    step = _carried_step(transition, potential_fn, step_size, mass_sqrt, gate)
 
     def advance(carry, tape_t):
-        carry, _ = transition.step(
-            potential_fn, step_size, carry, tape_t, mass_sqrt, gate
-        )
-        return carry, carry[0]
+        carry, (x_new, _) = step(carry, tape_t)
+        return carry, x_new
 
-    return SequentialStep(init, advance)
+    return SequentialStep(partial(carry_at, potential_fn), advance)
 
 
 def plain_sequential_step(step_fn: StepFn) -> SequentialStep:
@@ -176,6 +192,37 @@ def plain_sequential_step(step_fn: StepFn) -> SequentialStep:
     return SequentialStep(lambda x: x, step)
 
 
+def sequential_steps(
+    step: Callable[[Any, Any], tuple[Any, Any]],
+    carry: Any,
+    tape: Tape,
+    outputs: Any,
+    start: Array | int = 0,
+    stop: Array | int | None = None,
+) -> tuple[Any, Any]:
+    """Steps ``start .. stop - 1`` of a tape, one after the other.
+
+    ``step(carry, tape[t]) -> (carry, y_t)`` and ``outputs[t] = y_t`` (a
+    pytree of arrays with leading axis ``T``); rows outside
+    ``[start, stop)`` keep their values. ``start`` and ``stop`` (default
+    ``T``) may be traced. The one sequential loop over a tape: the reference
+    chain, the completion of a partly solved block and the sweep's segments
+    (:mod:`numpyro_deer.core.sweep`) all run it.
+
+    Returns:
+        ``(carry, outputs)`` after the last step.
+    """
+    if stop is None:
+        stop = jax.tree.leaves(tape)[0].shape[0]
+
+    def body(t, state):
+        carry, outputs = state
+        carry, y = step(carry, jax.tree.map(lambda a: a[t], tape))
+        return carry, jax.tree.map(lambda a, v: a.at[t].set(v), outputs, y)
+
+    return jax.lax.fori_loop(start, stop, body, (carry, outputs))
+
+
 def sequential_chain(
     transition: Transition,
     potential_fn: PotentialFn,
@@ -184,7 +231,7 @@ def sequential_chain(
     step_size: Array,
     mass_sqrt: Array | None = None,
 ) -> tuple[Array, StepInfo]:
-    """The reference: the same taped chain with :func:`jax.lax.scan`.
+    """The reference: the same taped chain, one step after the other.
 
     The gradient at the current state is carried, so each step costs one
     gradient evaluation. Given the same tape, this and the DEER solution are
@@ -193,12 +240,12 @@ def sequential_chain(
     Returns:
         ``(states, infos)`` with states ``s_1 .. s_T`` of shape ``(T, D)``.
     """
-
-    def body(carry, tape_t):
-        carry, info = transition.step(potential_fn, step_size, carry, tape_t, mass_sqrt)
-        return carry, (carry[0], info)
-
-    _, (states, infos) = jax.lax.scan(body, carry_at(potential_fn, x0), tape)
+    num_steps = jax.tree.leaves(tape)[0].shape[0]
+    step = _carried_step(transition, potential_fn, step_size, mass_sqrt)
+    carry = carry_at(potential_fn, x0)
+    _, shapes = jax.eval_shape(step, carry, jax.tree.map(lambda a: a[0], tape))
+    outputs = jax.tree.map(lambda s: jnp.zeros((num_steps,) + s.shape, s.dtype), shapes)
+    _, (states, infos) = sequential_steps(step, carry, tape, outputs)
     return states, infos
 
 
@@ -222,19 +269,10 @@ def finish_chain(
     steps past its front are recomputed, so a block's cost is never more than
     the solve's iterations plus ``T - front`` sequential steps.
     """
-    num_steps = states.shape[0]
     x_start = jnp.where(start > 0, states[jnp.maximum(start - 1, 0)], x0)
-
-    def body(t, carry):
-        chain, states, infos = carry
-        tape_t = jax.tree.map(lambda a: a[t], tape)
-        chain, info = transition.step(potential_fn, step_size, chain, tape_t, mass_sqrt)
-        states = states.at[t].set(chain[0])
-        infos = jax.tree.map(lambda a, v: a.at[t].set(v), infos, info)
-        return chain, states, infos
-
-    carry = (carry_at(potential_fn, x_start), states, infos)
-    _, states, infos = jax.lax.fori_loop(start, num_steps, body, carry)
+    step = _carried_step(transition, potential_fn, step_size, mass_sqrt)
+    carry = carry_at(potential_fn, x_start)
+    _, (states, infos) = sequential_steps(step, carry, tape, (states, infos), start)
     return states, infos
 
 
