@@ -30,6 +30,17 @@ from jax import Array
 
 from .gates import Gate, HardGate, gated_select
 
+MAX_DELTA_ENERGY = 1000.0
+"""The energy error above which a proposal is flagged as diverging.
+
+A proposal's energy error is ``-log a``, minus the log Metropolis ratio (for
+HMC the change of the Hamiltonian ``U + |r|^2 / 2`` over the leapfrog steps).
+NumPyro's HMC and NUTS flag a transition whose energy error exceeds their
+``max_delta_energy``, 1000 by default, as Stan does; this is the same
+threshold. Such a proposal is taken with probability below ``exp(-1000)``, so
+the flag never changes the chain; it counts where the integrator broke down.
+"""
+
 PotentialFn = Callable[[Array], Array]
 Tape = Any  # a pytree of arrays with leading axis T
 Carry = tuple[Array, Array, Array]  # (x, U(x), grad U(x))
@@ -42,7 +53,9 @@ class StepInfo(NamedTuple):
         potential_energy: ``U`` at the returned state.
         accept_prob: ``min(1, exp(log a))``; 0 for a non-finite proposal.
         accepted: whether the proposal was taken.
-        diverging: whether the proposal had a non-finite potential or ratio.
+        diverging: whether the proposal diverged: its potential or ratio is
+            not finite, or its energy error ``-log a`` exceeds
+            :data:`MAX_DELTA_ENERGY` (NumPyro's and Stan's criterion).
     """
 
     potential_energy: Array
@@ -288,15 +301,20 @@ def metropolis_accept(
     ``proposed`` and ``current`` are ``(x, U(x), grad U(x))``. The proposal is
     taken when ``log u < log a`` (Metropolis et al., 1953; Hastings, 1970),
     through ``gate`` (whose tangent the Newton solver uses). A proposal whose
-    potential or log ratio is not finite is rejected and flagged as diverging.
+    potential or log ratio is not finite is rejected and flagged as diverging;
+    one whose energy error ``-log a`` exceeds :data:`MAX_DELTA_ENERGY` is
+    flagged too, as NumPyro flags it (its accept decision is the usual one).
+    The flag is a step info, not part of the state: the Newton solve never
+    iterates on it.
 
     Returns:
         ``(x_new, U(x_new), grad U(x_new), info)``.
     """
     y, potential_y, grad_y = proposed
     x, potential_x, grad_x = current
-    diverging = ~(jnp.isfinite(log_ratio) & jnp.isfinite(potential_y))
-    log_ratio = jnp.where(diverging, -jnp.inf, log_ratio)
+    nonfinite = ~(jnp.isfinite(log_ratio) & jnp.isfinite(potential_y))
+    log_ratio = jnp.where(nonfinite, -jnp.inf, log_ratio)
+    diverging = nonfinite | (-log_ratio > MAX_DELTA_ENERGY)
     margin = log_ratio - log_u
     x_new = gated_select(gate, margin, y, x)
     accepted = margin > 0
