@@ -48,12 +48,12 @@ import jax
 import jax.numpy as jnp
 from jax import Array
 
+from .certificate import tree_where
 from .gates import Gate, gate_from_name
 from .iteration import IterationCarry, newton_iteration, whole_block
 from .jacobian import JacobianStrategy, jacobian_from_name
 from .results import RESULTS, NewtonInfo, no_solve_info
 from .transition import SequentialStep, StepFn
-from .tree import tree_where
 
 MAX_TOLERANCE = 1e-2
 """Largest ``atol`` or ``rtol`` a :class:`DEERSolver` accepts (whitened units)."""

@@ -37,8 +37,8 @@ import jax.numpy as jnp
 from jax import Array
 from numpyro.infer.hmc_util import build_adaptation_schedule
 
+from ..core.certificate import tree_where
 from ..core.hessian import mean_hessian_eigh
-from ..core.tree import tree_where
 
 EIGENVALUE_FLOOR = 1e-4
 """Smallest eigenvalue of the mean Hessian kept, relative to the largest."""

@@ -32,10 +32,10 @@ from numpyro.infer.hmc_util import (
     warmup_adapter,
 )
 
+from ..core.certificate import tree_where
 from ..core.mala import MALA
 from ..core.metric import mass_matrix_sqrt
 from ..core.transition import Transition, make_step_fn
-from ..core.tree import tree_where
 from .block import DEERMALAState, record_warmup_draw
 from .hessian_mass import hessian_mass, is_hessian_window_end
 
