@@ -209,7 +209,7 @@ def sequential_steps(
     step: Callable[[Any, Any], tuple[Any, Any]],
     carry: Any,
     tape: Tape,
-    outputs: Any,
+    outputs: Any = None,
     start: Array | int = 0,
     stop: Array | int | None = None,
 ) -> tuple[Any, Any]:
@@ -218,13 +218,22 @@ def sequential_steps(
     ``step(carry, tape[t]) -> (carry, y_t)`` and ``outputs[t] = y_t`` (a
     pytree of arrays with leading axis ``T``); rows outside
     ``[start, stop)`` keep their values. ``start`` and ``stop`` (default
-    ``T``) may be traced. The one sequential loop over a tape: the reference
-    chain, the completion of a partly solved block and the sweep's segments
-    (:mod:`numpyro_deer.core.sweep`) all run it.
+    ``T``) may be traced. With ``outputs=None`` every step of the tape runs
+    and the ``y_t`` are stacked (a :func:`jax.lax.scan`, which compiles
+    faster than writing into given outputs). The one sequential loop over a
+    tape: the reference chain, the completion of a partly solved block and
+    the sweep's segments (:mod:`numpyro_deer.core.sweep`) all run it.
 
     Returns:
         ``(carry, outputs)`` after the last step.
     """
+    if outputs is None:
+        if not (isinstance(start, int) and start == 0 and stop is None):
+            raise ValueError(
+                "sequential_steps(outputs=None) runs the whole tape: pass "
+                "outputs to run steps start .. stop - 1."
+            )
+        return jax.lax.scan(step, carry, tape)
     if stop is None:
         stop = jax.tree.leaves(tape)[0].shape[0]
 
@@ -253,12 +262,8 @@ def sequential_chain(
     Returns:
         ``(states, infos)`` with states ``s_1 .. s_T`` of shape ``(T, D)``.
     """
-    num_steps = jax.tree.leaves(tape)[0].shape[0]
     step = _carried_step(transition, potential_fn, step_size, mass_sqrt)
-    carry = carry_at(potential_fn, x0)
-    _, shapes = jax.eval_shape(step, carry, jax.tree.map(lambda a: a[0], tape))
-    outputs = jax.tree.map(lambda s: jnp.zeros((num_steps,) + s.shape, s.dtype), shapes)
-    _, (states, infos) = sequential_steps(step, carry, tape, outputs)
+    _, (states, infos) = sequential_steps(step, carry_at(potential_fn, x0), tape)
     return states, infos
 
 
