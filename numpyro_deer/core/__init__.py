@@ -39,6 +39,7 @@ from .newton import RESULTS, DEERSolver, NewtonInfo, deer_solve, newton_iterates
 from .scan import scan_dense, scan_diagonal, scan_sequential
 from .sharded import sharded_deer_solve, time_mesh
 from .transition import (
+    MAX_DELTA_ENERGY,
     SequentialStep,
     StepFn,
     StepInfo,
@@ -55,6 +56,7 @@ __all__ = [
     "HMC",
     "HMCTape",
     "MALA",
+    "MAX_DELTA_ENERGY",
     "RESULTS",
     "DEERSolver",
     "DiagonalJacobian",

@@ -1,4 +1,4 @@
-"""The step test every solver applies, the front it gives, and row selection.
+"""The step test every solver applies, the front it gives, and selection.
 
 Step ``t`` of a block passes when ``|s_t - F_t| <= atol + rtol |F_t|`` in
 every coordinate, with ``F_t = f_t(s_{t-1})`` evaluated at the current
@@ -6,6 +6,9 @@ iterate. The *front* is the number of leading steps that pass: those states
 are the chain (each was checked against its passing predecessor), which is
 what the solvers certify (:mod:`numpyro_deer.core.newton`) and what the
 sharded solver finds across devices (:mod:`numpyro_deer.core.sharded`).
+Selection between two pytrees, by row (:func:`where_rows`) or whole
+(:func:`tree_where`), is here too: the solvers, the warmup and the Hessian
+mass matrix all use it.
 """
 
 from __future__ import annotations
@@ -43,6 +46,15 @@ def where_rows(mask: Array, new: Any, old: Any) -> Any:
         return jnp.where(mask.reshape((-1,) + (1,) * (a.ndim - 1)), a, b)
 
     return jax.tree.map(select, new, old)
+
+
+def tree_where(pred: Array | bool, new: Any, old: Any) -> Any:
+    """``new`` where ``pred``, else ``old``, leaf by leaf (``jnp.where``).
+
+    ``pred`` broadcasts against every leaf (a scalar selects whole trees);
+    selection by a ``(T,)`` row mask is :func:`where_rows`.
+    """
+    return jax.tree.map(lambda a, b: jnp.where(pred, a, b), new, old)
 
 
 def finite_or_fixed_point(new: Array, values: Array, cur: Array) -> Array:

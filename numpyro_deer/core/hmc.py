@@ -28,12 +28,16 @@ From ``(x, r_0 = xi_t)`` the ``L`` steps give ``(y, r_L)``, and
 The gradient at the end of a leapfrog step is the next one's, so a transition
 from a carried ``(x, U(x), grad U(x))`` costs ``L`` gradients. With ``L = 1``
 the transition is MALA with step size ``eps^2 / 2``. A proposal whose energy
-is not finite is rejected and flagged as ``diverging``; the selection goes
-through :func:`~numpyro_deer.core.gates.gated_select`, as MALA's does.
+is not finite is rejected and flagged as ``diverging``, and so is one whose
+energy error ``-log a`` exceeds
+:data:`~numpyro_deer.core.transition.MAX_DELTA_ENERGY` (1000), as NumPyro's
+HMC flags it (``max_delta_energy``); the selection goes through
+:func:`~numpyro_deer.core.gates.gated_select`, as MALA's does.
 """
 
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -159,12 +163,29 @@ class HMC:
     jitter: float = 0.0
 
     def __post_init__(self):
-        if not (isinstance(self.num_steps, int) and self.num_steps >= 1):
-            raise ValueError(f"HMC(num_steps={self.num_steps!r}): use an integer >= 1.")
-        if not (isinstance(self.jitter, int | float) and 0 <= self.jitter < 1):
+        num_steps, jitter = self.num_steps, self.jitter
+        if not (
+            isinstance(num_steps, numbers.Integral)
+            and not isinstance(num_steps, bool)
+            and num_steps >= 1
+        ):
             raise ValueError(
-                f"HMC(jitter={self.jitter!r}): the step size jitter must be in [0, 1)."
+                f"HMC(num_steps={num_steps!r}): use an integer >= 1 (leapfrog "
+                "steps per transition)."
             )
+        if not (
+            isinstance(jitter, numbers.Real)
+            and not isinstance(jitter, bool)
+            and 0 <= jitter < 1
+        ):
+            raise ValueError(
+                f"HMC(jitter={jitter!r}): the step size jitter must be a number "
+                "in [0, 1) (0: no step size jitter; each transition's step size "
+                "is eps times a factor drawn from [1 - jitter, 1 + jitter])."
+            )
+        # NumPy scalars as Python numbers: a hashable, comparable transition
+        object.__setattr__(self, "num_steps", int(num_steps))
+        object.__setattr__(self, "jitter", float(jitter))
 
     def make_tape(self, key: Array, num_steps: int, dim: int, dtype=None) -> HMCTape:
         return make_hmc_tape(key, num_steps, dim, dtype, self.jitter)

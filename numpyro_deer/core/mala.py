@@ -17,7 +17,9 @@ and ``M`` an optional preconditioner given through its square root ``L``
 (diagonal ``(D,)`` or dense lower-triangular ``(D, D)``).
 
 A proposal whose potential or log ratio is not finite is rejected and flagged as
-``diverging``. The selection goes through
+``diverging``; so is one whose energy error ``-log a`` exceeds
+:data:`~numpyro_deer.core.transition.MAX_DELTA_ENERGY` (1000, NumPyro's
+``max_delta_energy``). The selection goes through
 :func:`~numpyro_deer.core.gates.gated_select`, whose derivative is the gate
 strategy; the forward value never depends on it.
 """

@@ -28,57 +28,48 @@ every local front (:mod:`numpyro_deer.core.sweep`) and writes them into the
 iterate, which the iteration then tests as usual.
 
 **Why a solve stops.** :class:`NewtonInfo` carries a result code
-(:class:`RESULTS`): converged, the iteration limit, no progress, or a
-non-finite value; :meth:`RESULTS.message` says what each means.
+(:class:`~numpyro_deer.core.results.RESULTS`): converged, the iteration
+limit, no progress, or a non-finite value; ``RESULTS.message`` says what each
+means.
 
-There is one iteration body (:func:`_newton_iteration`); the solver loops it
-under :func:`jax.lax.while_loop` with no host synchronisation.
+There is one iteration body
+(:func:`~numpyro_deer.core.iteration.newton_iteration`, shared with the
+sharded solver); :func:`solve_loop` loops it under
+:func:`jax.lax.while_loop` with no host synchronisation.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 from jax import Array
 
-from .certificate import leading_passed, step_passes, where_rows
+from .certificate import tree_where
 from .gates import Gate, gate_from_name
+from .iteration import IterationCarry, newton_iteration, whole_block
 from .jacobian import JacobianStrategy, jacobian_from_name
-from .sweep import sweep_segments, sweep_starts
-from .transition import SequentialStep, StepFn, plain_sequential_step
+from .results import RESULTS, NewtonInfo, no_solve_info
+from .transition import SequentialStep, StepFn
 
 MAX_TOLERANCE = 1e-2
 """Largest ``atol`` or ``rtol`` a :class:`DEERSolver` accepts (whitened units)."""
 
 SOLVE_BASES = ("auto", "whitened", "hessian")
 
-
-class RESULTS:
-    """Why a solve stopped: the codes of :attr:`NewtonInfo.result`.
-
-    ``RESULTS.message(code)`` is the sentence for a code (a Python int or a
-    scalar array).
-    """
-
-    successful = 0
-    max_iterations_reached = 1
-    no_progress = 2
-    nonfinite = 3
-    _messages = (
-        "converged: every step of the block passed",
-        "iteration limit: max_iter * max_solves Newton iterations were spent "
-        "before every step passed",
-        "no progress: a whole solve of max_iter iterations left the front where it was",
-        "non-finite: an iterate or a step value became non-finite (inf or NaN)",
-    )
-
-    @classmethod
-    def message(cls, code) -> str:
-        return cls._messages[int(code)]
+__all__ = [
+    "MAX_TOLERANCE",
+    "RESULTS",
+    "DEERSolver",
+    "NewtonInfo",
+    "deer_solve",
+    "newton_iterates",
+    "no_solve_info",
+    "solve_loop",
+]
 
 
 @dataclass(frozen=True)
@@ -176,110 +167,9 @@ class DEERSolver:
         return atol, rtol
 
 
-class NewtonInfo(NamedTuple):
-    """Outcome of a solve; failures are reported here, never hidden.
-
-    Attributes:
-        iterations: Newton iterations taken (all solves).
-        solves: solves taken (restarts from the front plus one).
-        result: why the solve stopped, a :class:`RESULTS` code (``int32``);
-            ``RESULTS.message(result)`` says it in words.
-        front: number of leading steps that passed (exact states).
-        residual: ``max_t |s_t - f_t(s_{t-1})|`` over the passed steps: the
-            certificate of the returned block.
-    """
-
-    iterations: Array
-    solves: Array
-    result: Array
-    front: Array
-    residual: Array
-
-    @property
-    def converged(self) -> Array:
-        """Every step of the block passed (``result == RESULTS.successful``)."""
-        return self.result == RESULTS.successful
-
-
-def no_solve_info(dtype) -> NewtonInfo:
-    """The report of a block computed without a Newton solve (sequentially)."""
-    zero = jnp.zeros((), jnp.int32)
-    return NewtonInfo(zero, zero, zero, zero, jnp.zeros((), dtype))
-
-
-class _Carry(NamedTuple):
-    states: Array  # (T + 1, D): states[0] = s_0, states[t] = s_t
-    aux: Any  # per-step info of the certifying evaluation, leading axis T
-    front: Array
-    iteration: Array
-    residual: Array
-    nonfinite: Array
-    passed: Array  # (T,): the last test, by step (local fronts of the sweep)
-
-
-def _newton_iteration(
-    step_fn: StepFn,
-    solver: DEERSolver,
-    tape: Any,
-    key: Array,
-    carry: _Carry,
-    sequential: SequentialStep | None = None,
-) -> _Carry:
-    """One Newton iteration on the whole block.
-
-    Every step is evaluated in the same row of the batch in every iteration
-    (bitwise-stable values, whatever the device's reduction order).
-    """
-    front = carry.front
-    num_steps = carry.passed.shape[0]
-    atol, rtol = solver.tolerances(carry.states.dtype)
-    if solver.sweep:
-        sequential = (
-            plain_sequential_step(step_fn) if sequential is None else sequential
-        )
-        segments = max(1, min(num_steps // solver.sweep, num_steps))
-
-        starts = sweep_starts(front, carry.iteration, carry.passed, segments)
-        # held back by the step count, not a cond: one loop in the graph,
-        # and under vmap no select that would run it for every chain
-        passes = jnp.where(carry.iteration >= solver.sweep_after, solver.sweep, 0)
-        states = sweep_segments(
-            sequential, carry.states, tape, starts, num_steps, solver.sweep, passes
-        )
-        carry = carry._replace(states=states)
-
-    prev, cur = carry.states[:-1], carry.states[1:]
-    lin = solver.jacobian.linearize(
-        step_fn, prev, tape, jax.random.fold_in(key, carry.iteration)
-    )
-    index = jnp.arange(num_steps)
-    passed, error = step_passes(cur, lin.values, atol, rtol)
-    passed = passed | (index < front)
-    num_passed = leading_passed(passed)
-    frozen = (index < num_passed) & (index >= front)  # newly certified
-    residual = jnp.maximum(
-        carry.residual, jnp.max(jnp.where(frozen, jnp.max(error, axis=-1), 0.0))
-    )
-    aux = where_rows(frozen, lin.aux, carry.aux)
-    new_cur = solver.jacobian.newton_step(
-        lin, prev, cur, index < num_passed, index <= num_passed
-    )
-    nonfinite = carry.nonfinite | ~jnp.all(jnp.isfinite(new_cur))
-    return _Carry(
-        states=carry.states.at[1:].set(new_cur),
-        aux=aux,
-        front=num_passed,
-        iteration=carry.iteration + 1,
-        residual=residual,
-        nonfinite=nonfinite,
-        # the test by step, for the next sweep's local fronts
-        passed=passed if solver.sweep else carry.passed,
-    )
-
-
 def _initial_carry(
     step_fn: StepFn, x0: Array, tape: Any, init_states: Array | None
-) -> _Carry:
+) -> IterationCarry:
     num_steps = jax.tree.leaves(tape)[0].shape[0]
     if init_states is None:
         init_states = jnp.broadcast_to(x0, (num_steps,) + x0.shape)
@@ -287,7 +177,7 @@ def _initial_carry(
     _, aux_shape = jax.eval_shape(step_fn, x0, jax.tree.map(lambda x: x[0], tape))
     aux = jax.tree.map(lambda s: jnp.zeros((num_steps,) + s.shape, s.dtype), aux_shape)
     zero = jnp.zeros((), jnp.int32)
-    return _Carry(
+    return IterationCarry(
         states,
         aux,
         zero,
@@ -296,11 +186,6 @@ def _initial_carry(
         jnp.zeros((), bool),
         jnp.zeros((num_steps,), bool),
     )
-
-
-def _keep(pred: Array, new: Any, old: Any) -> Any:
-    """``new`` where ``pred``, else ``old`` (leaf by leaf)."""
-    return jax.tree.map(lambda a, b: jnp.where(pred, a, b), new, old)
 
 
 def solve_loop(
@@ -350,10 +235,12 @@ def solve_loop(
             carry = jax.lax.while_loop(go_on, iteration, carry)
             return carry, solves + 1, carry.front > start_front
         carry = jax.lax.while_loop(
-            lambda c: sync(go_on(c)), lambda c: _keep(go_on(c), iteration(c), c), carry
+            lambda c: sync(go_on(c)),
+            lambda c: tree_where(go_on(c), iteration(c), c),
+            carry,
         )
         new = (carry, solves + 1, carry.front > start_front)
-        return _keep(active, new, outer)
+        return tree_where(active, new, outer)
 
     zero = jnp.zeros((), jnp.int32)
     more = more_solves if sync is None else lambda outer: sync(more_solves(outer))
@@ -419,8 +306,10 @@ def deer_solve(
     num_steps = jax.tree.leaves(tape)[0].shape[0]
     carry = _initial_carry(step_fn, x0, tape, init_states)
 
+    layout = whole_block(num_steps)
+
     def iteration(c):
-        return _newton_iteration(step_fn, solver, tape, key, c, sequential)
+        return newton_iteration(step_fn, solver, tape, key, c, layout, sequential)
 
     carry, info = solve_loop(iteration, carry, num_steps, solver)
     return carry.states[1:], carry.aux, info
@@ -443,9 +332,10 @@ def newton_iterates(
         The iterates ``S^(1) .. S^(k)``, shape ``(num_iterations, T, D)``.
     """
     carry = _initial_carry(step_fn, x0, tape, None)
+    layout = whole_block(carry.passed.shape[0])
 
     def body(c, _):
-        c = _newton_iteration(step_fn, solver, tape, key, c)
+        c = newton_iteration(step_fn, solver, tape, key, c, layout)
         return c, c.states[1:]
 
     _, iterates = jax.lax.scan(body, carry, None, length=num_iterations)

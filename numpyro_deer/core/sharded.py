@@ -52,7 +52,7 @@ builds the global mesh (see ``docs/scaling.md``).
 from __future__ import annotations
 
 from functools import partial
-from typing import Any, NamedTuple
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -60,7 +60,7 @@ import numpy as np
 from jax import Array
 from jax.sharding import Mesh, PartitionSpec
 
-from .certificate import leading_passed, step_passes, where_rows
+from .iteration import IterationCarry, Layout, newton_iteration
 from .jacobian import JacobianStrategy
 from .newton import DEERSolver, NewtonInfo, solve_loop
 from .transition import StepFn
@@ -111,15 +111,6 @@ def time_mesh(devices: Any = None, axis_name: str = "time") -> Mesh:
     return Mesh(np.array(devices, dtype=object), (axis_name,))
 
 
-class _Carry(NamedTuple):
-    states: Array  # (L, D): this device's s_t
-    aux: Any  # per-step info of the certifying evaluation, leading axis L
-    front: Array  # global front, equal on all devices
-    iteration: Array
-    residual: Array
-    nonfinite: Array
-
-
 def _sharded_affine_scan(
     strategy: JacobianStrategy,
     axis_name: str,
@@ -145,62 +136,40 @@ def _sharded_affine_scan(
     return local + strategy.scan(A, jnp.zeros_like(b).at[0].set(first))
 
 
-def _sharded_iteration(
-    step_fn: StepFn,
+def _slice_layout(
     solver: DEERSolver,
     x0: Array,
-    tape: Any,
-    key: Array,
     axis_name: str,
     num_devices: int,
-    carry: _Carry,
-) -> _Carry:
-    """One Newton iteration on this device's slice (inside ``shard_map``)."""
-    local_steps = carry.states.shape[0]
-    num_steps = local_steps * num_devices
+    local_steps: int,
+) -> Layout:
+    """This device's slice of the block (inside ``shard_map``), for
+    :func:`~numpyro_deer.core.iteration.newton_iteration`."""
     device = jax.lax.axis_index(axis_name)
-    atol, rtol = solver.tolerances(carry.states.dtype)
-    index = device * local_steps + jnp.arange(local_steps)  # global t - 1
 
-    cur = carry.states
-    from_left = jax.lax.ppermute(
-        cur[-1], axis_name, [(i, i + 1) for i in range(num_devices - 1)]
-    )
-    prev = jnp.concatenate([jnp.where(device == 0, x0, from_left)[None], cur[:-1]])
-    probe_key = jax.random.fold_in(key, carry.iteration)
-    if num_devices > 1:
-        probe_key = jax.random.fold_in(probe_key, device)
-    lin = solver.jacobian.linearize(step_fn, prev, tape, probe_key)
-    values = lin.values
+    def rows(cur):
+        # step t needs s_{t-1}: the first row's comes from the previous device
+        from_left = jax.lax.ppermute(
+            cur[-1], axis_name, [(i, i + 1) for i in range(num_devices - 1)]
+        )
+        prev = jnp.concatenate([jnp.where(device == 0, x0, from_left)[None], cur[:-1]])
+        return prev, cur
 
-    passed, error = step_passes(cur, values, atol, rtol)
-    passed = passed | (index < carry.front)
-    num_passed = leading_passed(passed)
-    # The front is in the first device whose slice does not pass entirely.
-    local_front = jnp.where(
-        num_passed < local_steps, device * local_steps + num_passed, num_steps
-    )
-    front = jax.lax.pmin(local_front, axis_name)
-    newly = (index >= carry.front) & (index < front)
-    local_residual = jnp.max(jnp.where(newly, jnp.max(error, axis=-1), 0.0))
-    residual = jnp.maximum(carry.residual, jax.lax.pmax(local_residual, axis_name))
-    aux = where_rows(newly, lin.aux, carry.aux)
-    scan = partial(
-        _sharded_affine_scan, solver.jacobian, axis_name, device, num_devices
-    )
-    new_cur = solver.jacobian.newton_step(
-        lin, prev, cur, index < front, index <= front, scan
-    )
+    def probe_key(key, iteration):
+        key = jax.random.fold_in(key, iteration)
+        return jax.random.fold_in(key, device) if num_devices > 1 else key
 
-    local_bad = ~jnp.all(jnp.isfinite(new_cur))
-    bad = jax.lax.pmax(local_bad.astype(jnp.int32), axis_name) > 0
-    return _Carry(
-        states=new_cur,
-        aux=aux,
-        front=front,
-        iteration=carry.iteration + 1,
-        residual=residual,
-        nonfinite=carry.nonfinite | bad,
+    return Layout(
+        rows=rows,
+        write=lambda states, new_cur: new_cur,
+        probe_key=probe_key,
+        offset=device * local_steps,
+        num_steps=local_steps * num_devices,
+        reduce_min=partial(jax.lax.pmin, axis_name=axis_name),
+        reduce_max=partial(jax.lax.pmax, axis_name=axis_name),
+        scan=partial(
+            _sharded_affine_scan, solver.jacobian, axis_name, device, num_devices
+        ),
     )
 
 
@@ -321,14 +290,20 @@ def sharded_deer_solve(
             aux_shape,
         )
         zero = jnp.zeros((), jnp.int32)
-        carry = _Carry(
-            init_states, aux, zero, zero, jnp.zeros((), x0.dtype), jnp.zeros((), bool)
+        passed = _to_varying(jnp.zeros((local_steps,), bool), axis_name)
+        carry = IterationCarry(
+            init_states,
+            aux,
+            zero,
+            zero,
+            jnp.zeros((), x0.dtype),
+            jnp.zeros((), bool),
+            passed,
         )
+        layout = _slice_layout(solver, x0, axis_name, num_devices, local_steps)
 
         def iteration(c):
-            return _sharded_iteration(
-                step_fn, solver, x0, tape, key, axis_name, num_devices, c
-            )
+            return newton_iteration(step_fn, solver, tape, key, c, layout)
 
         carry, info = solve_loop(iteration, carry, num_steps, solver, sync)
         return carry.states, carry.aux, info

@@ -41,7 +41,7 @@ import jax.numpy as jnp
 from jax import Array
 
 from .certificate import where_rows
-from .transition import SequentialStep
+from .transition import SequentialStep, sequential_steps
 
 
 def sweep_starts(front: Array, iteration: Array, passed: Array, count: int) -> Array:
@@ -80,35 +80,36 @@ def sweep_segments(
     before the next start and at the end of the block; the segments run side
     by side (one batch of ``len(starts)`` per sequential step). ``passes``
     (at most ``length``, traced or not) stops all segments after that many
-    steps: the loop over the steps has that trip count and one body, not an
-    unrolled one (a static, unrolled loop made the compiled block 1.9 times
-    larger on the CPU, ``benchmarks/results/compile_profile_cpu.md``).
+    steps: the loop over the steps
+    (:func:`~numpyro_deer.core.transition.sequential_steps`) has that trip
+    count and one body, not an unrolled one (a static, unrolled loop made
+    the compiled block 1.9 times larger on the CPU,
+    ``benchmarks/results/compile_profile_cpu.md``).
     """
     next_start = jnp.concatenate([starts[1:], jnp.full((1,), num_steps, starts.dtype)])
     stop = jnp.minimum(next_start, num_steps)  # a segment computes steps < stop
     steps = starts[:, None] + jnp.arange(length)  # (segments, length)
     live = steps < stop[:, None]
     live = live & (jnp.arange(length) < passes)
+    # by sequential step j (the loop's index): every segment's tape entry
     tape_seg = jax.tree.map(
-        lambda leaf: jnp.take(leaf, steps, axis=0, mode="clip"), tape
+        lambda leaf: jnp.take(leaf, steps.T, axis=0, mode="clip"), tape
     )
 
-    def body(j, carry):
-        c, x, out = carry
-        tape_j = jax.tree.map(lambda leaf: leaf[:, j], tape_seg)
+    def step(carry, entry):
+        c, x = carry
+        tape_j, live_j = entry
         new_c, new_x = jax.vmap(sequential.step)(c, tape_j)
-        ok = live[:, j] & jnp.all(jnp.isfinite(new_x), axis=-1)
-
+        ok = live_j & jnp.all(jnp.isfinite(new_x), axis=-1)
         x = where_rows(ok, new_x, x)
-        out = jax.lax.dynamic_update_index_in_dim(out, x, j, 1)
-        return where_rows(ok, new_c, c), x, out
+        return (where_rows(ok, new_c, c), x), x
 
     x0 = jnp.take(states, starts, axis=0, mode="clip")
-    out = jnp.zeros(steps.shape + states.shape[1:], states.dtype)
-    init = (jax.vmap(sequential.init)(x0), x0, out)
-    _, _, out = jax.lax.fori_loop(0, passes, body, init)
+    out = jnp.zeros((length,) + x0.shape, states.dtype)  # (length, segments, D)
+    init = (jax.vmap(sequential.init)(x0), x0)
+    _, out = sequential_steps(step, init, (tape_seg, live.T), out, 0, passes)
     # step t writes s_{t+1}; steps not computed go nowhere
     target = jnp.where(live, steps + 1, states.shape[0])
     return states.at[target.reshape(-1)].set(
-        out.reshape((-1,) + states.shape[1:]), mode="drop"
+        jnp.swapaxes(out, 0, 1).reshape((-1,) + states.shape[1:]), mode="drop"
     )

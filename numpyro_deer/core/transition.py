@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from functools import partial
 from typing import Any, NamedTuple, Protocol
 
 import jax
@@ -28,6 +29,17 @@ import jax.numpy as jnp
 from jax import Array
 
 from .gates import Gate, HardGate, gated_select
+
+MAX_DELTA_ENERGY = 1000.0
+"""The energy error above which a proposal is flagged as diverging.
+
+A proposal's energy error is ``-log a``, minus the log Metropolis ratio (for
+HMC the change of the Hamiltonian ``U + |r|^2 / 2`` over the leapfrog steps).
+NumPyro's HMC and NUTS flag a transition whose energy error exceeds their
+``max_delta_energy``, 1000 by default, as Stan does; this is the same
+threshold. Such a proposal is taken with probability below ``exp(-1000)``, so
+the flag never changes the chain; it counts where the integrator broke down.
+"""
 
 PotentialFn = Callable[[Array], Array]
 Tape = Any  # a pytree of arrays with leading axis T
@@ -41,7 +53,9 @@ class StepInfo(NamedTuple):
         potential_energy: ``U`` at the returned state.
         accept_prob: ``min(1, exp(log a))``; 0 for a non-finite proposal.
         accepted: whether the proposal was taken.
-        diverging: whether the proposal had a non-finite potential or ratio.
+        diverging: whether the proposal diverged: its potential or ratio is
+            not finite, or its energy error ``-log a`` exceeds
+            :data:`MAX_DELTA_ENERGY` (NumPyro's and Stan's criterion).
     """
 
     potential_energy: Array
@@ -141,6 +155,25 @@ def make_step_fn(
     return step_fn
 
 
+def _carried_step(
+    transition: Transition,
+    potential_fn: PotentialFn,
+    step_size: Array,
+    mass_sqrt: Array | None = None,
+    gate: Gate = HardGate(),
+) -> Callable[[Carry, Tape], tuple[Carry, tuple[Array, StepInfo]]]:
+    """``(carry, tape_t) -> (carry, (x_new, info))``: one step with
+    ``carry = (x, U(x), grad U(x))``, one gradient evaluation."""
+
+    def step(carry, tape_t):
+        carry, info = transition.step(
+            potential_fn, step_size, carry, tape_t, mass_sqrt, gate
+        )
+        return carry, (carry[0], info)
+
+    return step
+
+
 def make_sequential_step(
     transition: Transition,
     potential_fn: PotentialFn,
@@ -153,17 +186,13 @@ def make_sequential_step(
     For the sweep's sequential segments (``DEERSolver(sweep=k)``): each step
     then costs one gradient evaluation instead of two.
     """
-
-    def init(x):
-        return carry_at(potential_fn, x)
+    step = _carried_step(transition, potential_fn, step_size, mass_sqrt, gate)
 
     def advance(carry, tape_t):
-        carry, _ = transition.step(
-            potential_fn, step_size, carry, tape_t, mass_sqrt, gate
-        )
-        return carry, carry[0]
+        carry, (x_new, _) = step(carry, tape_t)
+        return carry, x_new
 
-    return SequentialStep(init, advance)
+    return SequentialStep(partial(carry_at, potential_fn), advance)
 
 
 def plain_sequential_step(step_fn: StepFn) -> SequentialStep:
@@ -176,6 +205,46 @@ def plain_sequential_step(step_fn: StepFn) -> SequentialStep:
     return SequentialStep(lambda x: x, step)
 
 
+def sequential_steps(
+    step: Callable[[Any, Any], tuple[Any, Any]],
+    carry: Any,
+    tape: Tape,
+    outputs: Any = None,
+    start: Array | int = 0,
+    stop: Array | int | None = None,
+) -> tuple[Any, Any]:
+    """Steps ``start .. stop - 1`` of a tape, one after the other.
+
+    ``step(carry, tape[t]) -> (carry, y_t)`` and ``outputs[t] = y_t`` (a
+    pytree of arrays with leading axis ``T``); rows outside
+    ``[start, stop)`` keep their values. ``start`` and ``stop`` (default
+    ``T``) may be traced. With ``outputs=None`` every step of the tape runs
+    and the ``y_t`` are stacked (a :func:`jax.lax.scan`, which compiles
+    faster than writing into given outputs). The one sequential loop over a
+    tape: the reference chain, the completion of a partly solved block and
+    the sweep's segments (:mod:`numpyro_deer.core.sweep`) all run it.
+
+    Returns:
+        ``(carry, outputs)`` after the last step.
+    """
+    if outputs is None:
+        if not (isinstance(start, int) and start == 0 and stop is None):
+            raise ValueError(
+                "sequential_steps(outputs=None) runs the whole tape: pass "
+                "outputs to run steps start .. stop - 1."
+            )
+        return jax.lax.scan(step, carry, tape)
+    if stop is None:
+        stop = jax.tree.leaves(tape)[0].shape[0]
+
+    def body(t, state):
+        carry, outputs = state
+        carry, y = step(carry, jax.tree.map(lambda a: a[t], tape))
+        return carry, jax.tree.map(lambda a, v: a.at[t].set(v), outputs, y)
+
+    return jax.lax.fori_loop(start, stop, body, (carry, outputs))
+
+
 def sequential_chain(
     transition: Transition,
     potential_fn: PotentialFn,
@@ -184,7 +253,7 @@ def sequential_chain(
     step_size: Array,
     mass_sqrt: Array | None = None,
 ) -> tuple[Array, StepInfo]:
-    """The reference: the same taped chain with :func:`jax.lax.scan`.
+    """The reference: the same taped chain, one step after the other.
 
     The gradient at the current state is carried, so each step costs one
     gradient evaluation. Given the same tape, this and the DEER solution are
@@ -193,12 +262,8 @@ def sequential_chain(
     Returns:
         ``(states, infos)`` with states ``s_1 .. s_T`` of shape ``(T, D)``.
     """
-
-    def body(carry, tape_t):
-        carry, info = transition.step(potential_fn, step_size, carry, tape_t, mass_sqrt)
-        return carry, (carry[0], info)
-
-    _, (states, infos) = jax.lax.scan(body, carry_at(potential_fn, x0), tape)
+    step = _carried_step(transition, potential_fn, step_size, mass_sqrt)
+    _, (states, infos) = sequential_steps(step, carry_at(potential_fn, x0), tape)
     return states, infos
 
 
@@ -222,19 +287,10 @@ def finish_chain(
     steps past its front are recomputed, so a block's cost is never more than
     the solve's iterations plus ``T - front`` sequential steps.
     """
-    num_steps = states.shape[0]
     x_start = jnp.where(start > 0, states[jnp.maximum(start - 1, 0)], x0)
-
-    def body(t, carry):
-        chain, states, infos = carry
-        tape_t = jax.tree.map(lambda a: a[t], tape)
-        chain, info = transition.step(potential_fn, step_size, chain, tape_t, mass_sqrt)
-        states = states.at[t].set(chain[0])
-        infos = jax.tree.map(lambda a, v: a.at[t].set(v), infos, info)
-        return chain, states, infos
-
-    carry = (carry_at(potential_fn, x_start), states, infos)
-    _, states, infos = jax.lax.fori_loop(start, num_steps, body, carry)
+    step = _carried_step(transition, potential_fn, step_size, mass_sqrt)
+    carry = carry_at(potential_fn, x_start)
+    _, (states, infos) = sequential_steps(step, carry, tape, (states, infos), start)
     return states, infos
 
 
@@ -250,15 +306,20 @@ def metropolis_accept(
     ``proposed`` and ``current`` are ``(x, U(x), grad U(x))``. The proposal is
     taken when ``log u < log a`` (Metropolis et al., 1953; Hastings, 1970),
     through ``gate`` (whose tangent the Newton solver uses). A proposal whose
-    potential or log ratio is not finite is rejected and flagged as diverging.
+    potential or log ratio is not finite is rejected and flagged as diverging;
+    one whose energy error ``-log a`` exceeds :data:`MAX_DELTA_ENERGY` is
+    flagged too, as NumPyro flags it (its accept decision is the usual one).
+    The flag is a step info, not part of the state: the Newton solve never
+    iterates on it.
 
     Returns:
         ``(x_new, U(x_new), grad U(x_new), info)``.
     """
     y, potential_y, grad_y = proposed
     x, potential_x, grad_x = current
-    diverging = ~(jnp.isfinite(log_ratio) & jnp.isfinite(potential_y))
-    log_ratio = jnp.where(diverging, -jnp.inf, log_ratio)
+    nonfinite = ~(jnp.isfinite(log_ratio) & jnp.isfinite(potential_y))
+    log_ratio = jnp.where(nonfinite, -jnp.inf, log_ratio)
+    diverging = nonfinite | (-log_ratio > MAX_DELTA_ENERGY)
     margin = log_ratio - log_u
     x_new = gated_select(gate, margin, y, x)
     accepted = margin > 0

@@ -80,7 +80,8 @@ class DEERState(NamedTuple):
         accept_prob: acceptance probability of the step that produced ``z``.
         mean_accept_prob: running mean of ``accept_prob`` over the current
             phase (warmup or sampling).
-        diverging: the step's proposal had a non-finite potential (rejected).
+        diverging: the step's proposal had a non-finite potential (rejected)
+            or an energy error above 1000, as NumPyro flags divergences.
         newton_iterations: Newton iterations of the block the draw came from
             (0 in warmup).
         deer_converged: whether that block's DEER solve passed; ``False`` means

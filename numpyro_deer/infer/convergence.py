@@ -7,17 +7,36 @@ failed blocks in its loop and warns after the run; the kernel under stock
 :func:`jax.debug.callback`; ``on_failure="raise"`` raises
 :class:`DEERConvergenceError` from the first failed block, in either driver.
 Each message says why the solve stopped (:class:`~numpyro_deer.core.RESULTS`).
+
+**How the error crosses the compiled program.** Under ``on_failure="raise"``
+the kernel calls :func:`raise_unconverged` through :func:`jax.debug.callback`
+with the block's result codes. It builds the :class:`DEERConvergenceError` of
+the first failing code and raises it; JAX turns an exception raised on the
+host into its own :class:`jax.errors.JaxRuntimeError`, which keeps only the
+text (no ``__cause__``), so the callback also files the error object in a
+small module-level registry, numbered in order. :func:`reraise_convergence_error`
+(the driver's boundary) notes the registry's number when it is entered and,
+when a ``JaxRuntimeError`` comes out, raises the first error filed since then:
+the very object the callback built, with its :attr:`DEERConvergenceError.result`
+code. No message text is read. A ``JaxRuntimeError`` with no error filed since
+the boundary was entered is not ours and goes on unchanged. Under stock
+``numpyro.infer.MCMC`` there is no such boundary and the ``JaxRuntimeError``
+itself reaches the caller (its text names ``DEERConvergenceError`` and the
+reason); the registry keeps only the last few errors.
 """
 
 from __future__ import annotations
 
+import collections
 import contextlib
+import itertools
+import threading
 import warnings
 
 import jax
 import numpy as np
 
-from ..core.newton import RESULTS
+from ..core.results import RESULTS
 
 ON_FAILURE = ("sequential", "warn", "raise")
 
@@ -35,12 +54,27 @@ class DEERConvergenceWarning(UserWarning):
 
 
 class DEERConvergenceError(RuntimeError):
-    """A block's DEER solve did not converge and ``on_failure="raise"``."""
+    """A block's DEER solve did not converge and ``on_failure="raise"``.
+
+    Attributes:
+        result: the :class:`~numpyro_deer.core.RESULTS` code of the solve;
+            its ``message`` is in the error's text.
+    """
+
+    def __init__(self, result: int):
+        self.result = RESULTS(int(result))
+        super().__init__(
+            f"DEER did not converge on a block ({self.result.message}) and "
+            f"on_failure='raise'. {_ADVICE}"
+        )
+
+    def __reduce__(self):
+        return type(self), (int(self.result),)
 
 
 def _reasons(result_bits: int) -> str:
-    codes = [c for c in range(1, 4) if result_bits >> c & 1]
-    return "; ".join(RESULTS.message(c) for c in codes) or "unknown"
+    codes = [c for c in RESULTS.failures() if result_bits >> c & 1]
+    return "; ".join(c.message for c in codes) or "unknown"
 
 
 def warn_unconverged(
@@ -76,26 +110,47 @@ def warn_unconverged(
     )
 
 
+# Errors raised by raise_unconverged inside compiled programs, numbered in
+# order: (number, error). Bounded: errors no boundary claims (stock MCMC) fall
+# off the end.
+_RAISED: collections.deque[tuple[int, DEERConvergenceError]] = collections.deque(
+    maxlen=64
+)
+_NUMBERS = itertools.count()
+_LOCK = threading.Lock()
+
+
 def raise_unconverged(result) -> None:
-    """Raise :class:`DEERConvergenceError` for the first non-zero result code."""
+    """Raise :class:`DEERConvergenceError` for the first non-zero result code.
+
+    Meant to run on the host through :func:`jax.debug.callback`: the error is
+    filed for :func:`reraise_convergence_error` before it is raised.
+    """
     codes = np.asarray(result).reshape(-1)
-    code = int(codes[np.flatnonzero(codes)[0]])
-    raise DEERConvergenceError(
-        f"DEER did not converge on a block ({RESULTS.message(code)}) and "
-        f"on_failure='raise'. {_ADVICE}"
-    )
+    error = DEERConvergenceError(codes[np.flatnonzero(codes)[0]])
+    with _LOCK:
+        _RAISED.append((next(_NUMBERS), error))
+    raise error
 
 
 @contextlib.contextmanager
 def reraise_convergence_error():
-    """Turn the runtime error of a raising callback back into
-    :class:`DEERConvergenceError` (JAX wraps exceptions raised on the host)."""
+    """Raise the :class:`DEERConvergenceError` that a callback raised inside
+    the block, instead of the ``JaxRuntimeError`` JAX turned it into.
+
+    The error is the object :func:`raise_unconverged` filed (see the module
+    docstring); a runtime error with none filed since entry goes on unchanged.
+    """
+    with _LOCK:
+        entered = next(_NUMBERS)
     try:
         yield
-    except jax.errors.JaxRuntimeError as err:
-        text = str(err)
-        marker = "DEERConvergenceError: "
-        if marker not in text:
+    except jax.errors.JaxRuntimeError:
+        with _LOCK:
+            ours = [error for number, error in _RAISED if number > entered]
+            kept = [(n, e) for n, e in _RAISED if n < entered]
+            _RAISED.clear()
+            _RAISED.extend(kept)
+        if not ours:
             raise
-        message = text.split(marker, 1)[1].strip().splitlines()[0]
-        raise DEERConvergenceError(message) from None
+        raise ours[0] from None

@@ -37,6 +37,7 @@ import jax.numpy as jnp
 from jax import Array
 from numpyro.infer.hmc_util import build_adaptation_schedule
 
+from ..core.certificate import tree_where
 from ..core.hessian import mean_hessian_eigh
 
 EIGENVALUE_FLOOR = 1e-4
@@ -111,7 +112,7 @@ def hessian_mass(state: Any, potential: Callable[[Array], Array], points: Array)
         mass_matrix_sqrt=sqrt,
         mass_matrix_sqrt_inv=sqrt_inv,
     )
-    return jax.tree.map(lambda a, b: jnp.where(finite, a, b), new, state), finite
+    return tree_where(finite, new, state), finite
 
 
 def hessian_window_ends(num_warmup: int) -> tuple[int, ...]:

@@ -338,7 +338,7 @@ def result_bits(failed, result) -> jax.Array:
     a mesh reduce across devices, and the CPU's collectives have no
     bitwise-or.
     """
-    codes = jnp.arange(len(RESULTS._messages), dtype=jnp.int32)
+    codes = jnp.asarray(tuple(RESULTS), dtype=jnp.int32)
     hit = failed[..., None] & (result[..., None] == codes)
     seen = jnp.max(hit.astype(jnp.int32).reshape(-1, codes.size), axis=0)
     return jnp.sum(seen << codes, dtype=jnp.int32)

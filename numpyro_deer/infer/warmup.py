@@ -28,6 +28,7 @@ from jax import Array
 from jax.flatten_util import ravel_pytree
 from numpyro.infer.hmc_util import dual_averaging, warmup_adapter
 
+from ..core.certificate import tree_where
 from ..core.metric import mass_matrix_sqrt
 from ..core.transition import Transition, make_step_fn
 from .block import DEERState, record_warmup_draw
@@ -112,7 +113,7 @@ def restart_step_size(
     )
     ss_init, _ = dual_averaging()
     new = adapt._replace(step_size=eps, ss_state=ss_init(log_10_eps), rng_key=key)
-    return jax.tree.map(lambda a, b: jnp.where(use, a, b), new, adapt)
+    return tree_where(use, new, adapt)
 
 
 class Adapter(NamedTuple):
