@@ -79,9 +79,9 @@ def test_chain_methods(chain_method):
 @pytest.mark.parametrize(
     "kwargs, match",
     [
-        ({"num_steps": 0}, r"num_steps=0: use an integer >= 1"),
-        ({"num_steps": 2.5}, r"num_steps=2.5: use an integer >= 1"),
-        ({"jitter": 1.0}, r"jitter=1.0: use a number in \[0, 1\)"),
+        ({"num_steps": 0}, r"num_steps=0\): use an integer >= 1"),
+        ({"num_steps": 2.5}, r"num_steps=2.5\): use an integer >= 1"),
+        ({"jitter": 1.0}, r"jitter=1.0\): the step size jitter must be a number in"),
         ({"target_accept_prob": 1.5}, r"target_accept_prob=1.5: use a value"),
     ],
 )

@@ -83,10 +83,13 @@ def warn_unconverged(
     on_failure: str = "sequential",
     result_bits: int = 0,
     stacklevel: int = 2,
+    kernel: str = "the kernel",
 ) -> None:
-    """Warn that ``failed`` blocks (of ``blocks``, if known) did not converge.
+    """Warn that ``failed`` blocks (of ``blocks``, if known; a block of each
+    chain counts once) did not converge.
 
-    ``result_bits`` has bit ``c`` set for every result code ``c`` seen.
+    ``result_bits`` has bit ``c`` set for every result code ``c`` seen;
+    ``kernel`` is the kernel class's name, for the advice.
     """
     of = "" if blocks is None else f" of {blocks}"
     if on_failure == "warn":
@@ -103,7 +106,7 @@ def warn_unconverged(
         )
     warnings.warn(
         f"DEER did not converge on {failed}{of} blocks ({_reasons(result_bits)}); "
-        f"{fate} {_ADVICE} To make this an error: DEERMALA(on_failure='raise') "
+        f"{fate} {_ADVICE} To make this an error: {kernel}(on_failure='raise') "
         "or warnings.simplefilter('error', numpyro_deer.DEERConvergenceWarning).",
         DEERConvergenceWarning,
         stacklevel=stacklevel,

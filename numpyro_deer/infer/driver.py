@@ -150,8 +150,9 @@ class MCMC(numpyro.infer.MCMC):
     def _warn_failed_blocks(self, stats) -> None:
         blocks, failed, bits = (int(s) for s in stats)
         if failed:
+            kernel = self.sampler
             warn_unconverged(
-                failed, blocks, self.sampler.on_failure, bits, stacklevel=4
+                failed, blocks, kernel.on_failure, bits, 4, type(kernel).__name__
             )
 
     # ------------------------------------------------------------------ run

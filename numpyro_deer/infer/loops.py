@@ -219,8 +219,9 @@ class _Traced(NamedTuple):
         state = program.emit(state, index + consumed - 1, s.batched)
         info = state.block.info
         failed = (index == 0) & ~info.converged
+        fresh = jnp.broadcast_to(index == 0, failed.shape)  # a block per chain
         stats = (
-            stats[0] + (index == 0).astype(jnp.int32),
+            stats[0] + jnp.sum(fresh, dtype=jnp.int32),
             stats[1] + jnp.sum(failed, dtype=jnp.int32),
             # bit c for every result code c of a failed block
             stats[2] | result_bits(failed, info.result),

@@ -345,8 +345,9 @@ class BlockProgram:
 
     def _report_unconverged(self, failed, result) -> None:
         if self.first_warning("unconverged"):
+            s = self.settings
             warn_unconverged(
-                int(failed), None, self.settings.on_failure, 1 << int(result)
+                int(failed), None, s.on_failure, 1 << int(result), 2, s.kernel
             )
 
     def _map_chains(self, fn, state):
