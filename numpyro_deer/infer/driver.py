@@ -44,6 +44,7 @@ from .convergence import (
     reraise_convergence_error,
     warn_unconverged,
 )
+from .diagnostics import warn_if_unconverged
 from .host_run import (
     Programs,
     i32,
@@ -99,6 +100,7 @@ class MCMC(numpyro.infer.MCMC):
         # chains run inside pmap (chain_method="parallel") report their
         # failed-block counts from the devices; warn once here
         self._chain_stats = []
+        phase = compat.collection_params(self)[3]  # "warmup" inside warmup()
         with reraise_convergence_error():
             result = super().run(*args, **kwargs)
             # the counts arrive through host callbacks, which JAX runs
@@ -109,6 +111,8 @@ class MCMC(numpyro.infer.MCMC):
             blocks, failed, bits = zip(*stats, strict=True)
             combined = (sum(blocks), sum(failed), int(np.bitwise_or.reduce(bits)))
             self._warn_failed_blocks(combined)
+        if phase != "warmup":
+            warn_if_unconverged(self)  # the draws' ESS and R-hat, once
         return result
 
     def _record_chain_stats(self, blocks, failed, bits) -> None:
