@@ -242,8 +242,8 @@ def warn_if_unconverged(mcmc, stacklevel: int = 3) -> None:
         samples = {"params": samples} if not isinstance(samples, list | tuple) else {}
     field = getattr(mcmc.sampler, "sample_field", "z")
     latent = getattr(mcmc.last_state, field, None)
-    if isinstance(latent, dict) and set(latent) <= set(samples):
-        samples = {k: samples[k] for k in samples if k in latent}
+    if isinstance(latent, dict):
+        samples = {k: v for k, v in samples.items() if k in latent}
     samples = {
         k: v
         for k, v in samples.items()

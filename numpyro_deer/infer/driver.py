@@ -100,7 +100,7 @@ class MCMC(numpyro.infer.MCMC):
         # chains run inside pmap (chain_method="parallel") report their
         # failed-block counts from the devices; warn once here
         self._chain_stats = []
-        phase = compat.collection_params(self)[3]  # "warmup" inside warmup()
+        phase = compat.run_phase(self)  # "warmup" inside warmup()
         with reraise_convergence_error():
             result = super().run(*args, **kwargs)
             # the counts arrive through host callbacks, which JAX runs
