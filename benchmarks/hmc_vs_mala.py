@@ -12,7 +12,9 @@ Methods: ``deer_hmc`` (``DEERHMC`` through ``numpyro_deer.MCMC``),
 ``deer_mala`` (``DEERMALA``, same driver), ``sequential_hmc``
 (``DEERHMC(method="sequential")``: the same taped HMC chain, one transition
 after the other) and ``nuts`` (NumPyro's NUTS through ``numpyro.infer.MCMC``).
-Every method uses its kernel's defaults; warmup is the model's ``num_warmup``
+The DEER methods solve their blocks with DEER (``method="deer"``: the
+default ``"auto"`` would take the sequential scan on a CPU); otherwise every
+method uses its kernel's defaults; warmup is the model's ``num_warmup``
 unless ``--num-warmup`` is given. Progress bars are off.
 
 CPU (small):
@@ -69,7 +71,11 @@ def child(spec: dict) -> dict:
         kernel = numpyro.infer.NUTS(bench.model)
         driver = numpyro.infer.MCMC
     else:
-        options = {"block_size": spec["block_size"], **spec.get("options", {})}
+        options = {
+            "block_size": spec["block_size"],
+            "method": "deer",
+            **spec.get("options", {}),
+        }
         if method == "deer_mala":
             kernel = numpyro_deer.DEERMALA(bench.model, **options)
         else:

@@ -11,11 +11,13 @@ import numpyro
 from numpyro_deer import MCMC
 
 
-def sampler_parser(description: str, num_warmup: int = 500) -> argparse.ArgumentParser:
+def sampler_parser(
+    description: str, num_warmup: int = 500, num_samples: int = 2000
+) -> argparse.ArgumentParser:
     """A parser with the options every example takes."""
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--num-warmup", type=int, default=num_warmup)
-    parser.add_argument("--num-samples", type=int, default=2000)
+    parser.add_argument("--num-samples", type=int, default=num_samples)
     parser.add_argument("--num-chains", type=int, default=1)
     parser.add_argument(
         "--chain-method",
@@ -23,11 +25,15 @@ def sampler_parser(description: str, num_warmup: int = 500) -> argparse.Argument
         choices=["sequential", "vectorized", "parallel"],
     )
     parser.add_argument("--block-size", type=int, default=256)
+    # the kernel's default unless asked for: "auto" takes the sequential scan
+    # on a CPU and the faster of the two, measured, on an accelerator
     parser.add_argument(
         "--method",
-        default="deer",
-        choices=["deer", "sequential"],
-        help="'deer' (parallel Newton) or 'sequential' (the same chain, lax.scan)",
+        default="auto",
+        choices=["auto", "deer", "sequential"],
+        help="'auto' (the default: sequential on a CPU, the faster of the two "
+        "on an accelerator), 'deer' (parallel Newton) or 'sequential' (the "
+        "same chain, lax.scan)",
     )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
@@ -86,16 +92,22 @@ def sample_and_report(kernel, args: argparse.Namespace, *model_args, **model_kwa
     # one value per block: the draws of a block share its solve's fields
     per_block = np.asarray(fields["newton_iterations"])[:, :: args.block_size]
     converged = np.asarray(fields["deer_converged"])[:, :: args.block_size]
+    method = kernel.method_chosen  # what method="auto" chose, or the method
     print(f"devices: {jax.devices()}")
     print(
         f"{args.num_chains} x {args.num_samples} draws in {elapsed:.1f} s "
-        f"(compilation included), method={args.method}, "
+        f"(compilation included), method={method}, "
         f"block_size={args.block_size}"
     )
-    if args.method == "deer":
+    if method == "deer":
         print(
             f"Newton iterations per block: mean {per_block.mean():.1f}, "
             f"max {per_block.max()}; blocks solved by DEER: "
             f"{converged.sum()} of {converged.size}"
+        )
+    else:
+        print(
+            "Newton iterations per block: none, the blocks were computed by "
+            "the sequential scan (--method deer solves them with DEER)"
         )
     return mcmc

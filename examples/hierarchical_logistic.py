@@ -87,6 +87,9 @@ def main(args: argparse.Namespace) -> None:
     model_args, y = make_data(
         args.data_seed, args.num_obs, args.num_groups, args.num_features
     )
+    # the kernel's defaults but for the options of the command line, shown on
+    # purpose: blocks of 256 (the default 4096 suits a GPU), --method (default
+    # "auto"), --dense-mass and --gate (defaults: off and "hard")
     kernel = DEERMALA(
         hierarchical_logistic_regression,
         block_size=args.block_size,

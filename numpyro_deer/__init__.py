@@ -20,6 +20,7 @@ __version__ = "0.1.0.dev0"
 
 # name -> module of the NumPyro layer that defines it (imported on first use)
 _NUMPYRO_LAYER = {
+    "ConvergenceDiagnosticWarning": ".infer.diagnostics",
     "DEERConvergenceError": ".infer.convergence",
     "DEERConvergenceWarning": ".infer.convergence",
     "DEERHMC": ".infer.hmc",
@@ -34,6 +35,7 @@ _NUMPYRO_LAYER = {
 if TYPE_CHECKING:  # pragma: no cover
     from .infer.checks import UnsupportedModelError, check_model
     from .infer.convergence import DEERConvergenceError, DEERConvergenceWarning
+    from .infer.diagnostics import ConvergenceDiagnosticWarning
     from .infer.driver import MCMC
     from .infer.hmc import DEERHMC
     from .infer.mala import DEERMALA
@@ -71,6 +73,7 @@ def __dir__():
 
 
 __all__ = [
+    "ConvergenceDiagnosticWarning",
     "DEERConvergenceError",
     "DEERConvergenceWarning",
     "DEERHMC",

@@ -55,6 +55,51 @@ def test_discrete_site_without_enumerate_support() -> None:
         check_model(model)
 
 
+def _counts(y=None) -> None:
+    rate = numpyro.sample("rate", dist.Gamma(2.0, 1.0))
+    with numpyro.plate("data", 3):
+        numpyro.sample("y", dist.Poisson(rate), obs=y)
+
+
+def _forgotten(message: str, name: str) -> bool:
+    return message.startswith(
+        f"Sample site '{name}' (Poisson) has no observed value: did you forget "
+        "to pass its data (obs=...)?"
+    )
+
+
+@pytest.mark.parametrize("kwargs", [{}, {"y": None}])
+def test_forgotten_observations_are_named_first(kwargs) -> None:
+    with pytest.raises(UnsupportedModelError) as excinfo:
+        check_model(_counts, (), kwargs)
+    message = str(excinfo.value)
+    assert _forgotten(message, "y")
+    assert "argument 'y' is None" in message
+    assert "Marginalise" in message  # the advice for a latent site comes after
+    check_model(_counts, (), {"y": jnp.array([1, 0, 3])})  # with its data: fine
+
+
+def test_forgotten_observations_through_the_driver() -> None:
+    from numpyro_deer import DEERMALA, MCMC
+
+    mcmc = MCMC(DEERMALA(_counts), num_warmup=5, num_samples=5)
+    with pytest.raises(UnsupportedModelError) as excinfo:
+        mcmc.run(jax.random.PRNGKey(0))  # y not passed
+    assert _forgotten(str(excinfo.value), "y")
+
+
+def test_a_discrete_last_site_may_be_a_forgotten_observation() -> None:
+    def model(data) -> None:  # the observations come in under another name
+        rate = numpyro.sample("rate", dist.Gamma(2.0, 1.0))
+        numpyro.sample("counts", dist.Poisson(rate), obs=None)
+
+    with pytest.raises(UnsupportedModelError) as excinfo:
+        check_model(model, (jnp.array([1, 2]),))
+    message = str(excinfo.value)
+    assert _forgotten(message, "counts")
+    assert "last site and nothing uses its value" in message
+
+
 def test_continuous_site_marked_for_enumeration() -> None:
     def model() -> None:
         loc = numpyro.sample("loc", dist.Normal(), infer={"enumerate": "parallel"})
@@ -215,7 +260,26 @@ def test_control_flow_on_latent_value(model, jax_error) -> None:
     message = str(excinfo.value)
     assert model.__name__ in message  # the location of the offending line
     assert "jnp.where" in message and "jax.lax.cond" in message
-    assert isinstance(excinfo.value.__cause__, jax_error)
+    assert jax_error.__name__ in message
+    # raised from None: the JAX frames of the original error are not printed
+    assert excinfo.value.__cause__ is None
+    assert excinfo.value.__suppress_context__
+
+
+def test_control_flow_error_through_the_driver_has_a_short_traceback() -> None:
+    import traceback
+
+    from numpyro_deer import DEERMALA, MCMC
+
+    mcmc = MCMC(DEERMALA(_if_on_latent), num_warmup=5, num_samples=5)
+    with pytest.raises(UnsupportedModelError, match="_if_on_latent") as excinfo:
+        mcmc.run(jax.random.PRNGKey(0))
+    assert excinfo.value.__cause__ is None
+    assert excinfo.value.__suppress_context__
+    printed = "".join(traceback.format_exception(excinfo.value))
+    assert "TracerBoolConversionError" in printed  # named in the message
+    assert "The above exception was the direct cause" not in printed
+    assert "During handling of the above exception" not in printed
 
 
 def test_translate_tracer_errors_passes_other_errors_through() -> None:

@@ -12,7 +12,7 @@ import pytest
 from numpyro.infer import MCMC as StockMCMC
 
 from benchmarks.models import gaussian_mean_model, gaussian_mean_posterior
-from numpyro_deer import DEERHMC, MCMC, DEERSolver
+from numpyro_deer import DEERHMC, DEERMALA, MCMC, DEERSolver
 from numpyro_deer.core import HMC
 
 from .helpers import gaussian_data
@@ -56,13 +56,21 @@ def test_posterior_matches_the_closed_form():
     np.testing.assert_allclose(mu.mean(), exact.mean, atol=5 * exact.std / 30)
     np.testing.assert_allclose(mu.std(), exact.std, rtol=0.15)
     assert kernel.num_steps == 4 and kernel.transition == HMC(4, 0.2)
+    # the default method is "auto": on the CPU, the sequential scan
+    if jax.default_backend() == "cpu":
+        assert kernel.method_chosen == "sequential"
+
+
+def test_default_method_is_auto_like_deermala():
+    hmc, mala = DEERHMC(gaussian_mean_model), DEERMALA(gaussian_mean_model)
+    assert hmc.method == mala.method == "auto"
 
 
 @pytest.mark.parametrize("chain_method", ["sequential", "vectorized", "parallel"])
 def test_chain_methods(chain_method):
     args, kwargs = gaussian_data(1.0)
     mcmc = StockMCMC(
-        DEERHMC(gaussian_mean_model, num_steps=2, block_size=32),
+        DEERHMC(gaussian_mean_model, num_steps=2, block_size=32, method="deer"),
         num_warmup=40,
         num_samples=64,
         num_chains=2,

@@ -75,3 +75,7 @@ def test_example_runs(script):
     ], header
     assert "Number of divergences" in result.stdout, output
     assert "Newton iterations per block" in result.stdout, output
+    if os.environ.get("JAX_PLATFORMS", "cpu") == "cpu":
+        # the examples keep the kernel's default method="auto": on the CPU,
+        # the sequential scan (the README's quick start shows this)
+        assert "method=sequential" in result.stdout, output

@@ -38,6 +38,7 @@ and ``NUTS`` on NumPyro 0.22.0 and 0.21.0, which behave alike, and JAX 0.10.2):
   or indexing a Python list with a traced integer.
 """
 
+import inspect
 import traceback
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -64,6 +65,9 @@ _TRACER_ERRORS = (
     jax.errors.TracerIntegerConversionError,
 )
 
+# Sites that hold a value a later site could use.
+_VALUE_SITES = frozenset({"sample", "deterministic", "param"})
+
 # Frames of these packages are skipped when pointing at the user's code.
 _LIBRARY_MODULES = frozenset({"jax", "jaxlib", "numpyro", "numpyro_deer", "contextlib"})
 
@@ -77,15 +81,35 @@ class UnsupportedModelError(ValueError):
 
 
 def _discrete_message(name: str, fn: dist.Distribution) -> str:
+    family = type(_base_distribution(fn)).__name__
     return (
-        f"Sample site '{name}' is a discrete latent variable "
-        f"({type(fn).__name__}). MALA needs a differentiable log density of "
-        "continuous latent variables. Marginalise the discrete site out by hand "
+        f"Sample site '{name}' is a discrete latent variable ({family}). MALA "
+        "needs a differentiable log density of continuous latent variables. "
+        "Marginalise the discrete site out by hand "
         "(sum its values in log space with jax.nn.logsumexp and add the result "
         "with numpyro.factor), or sample the model with NumPyro's "
         "DiscreteHMCGibbs or MixedHMC. Enumeration "
         "(infer={'enumerate': 'parallel'}) is not supported, even when funsor "
         "is installed."
+    )
+
+
+def _missing_data_message(
+    name: str, fn: dist.Distribution, data_names: list[str]
+) -> str:
+    if data_names:
+        names = ", ".join(repr(n) for n in data_names)
+        verb = "is" if len(data_names) == 1 else "are"
+        why = f"The model's argument {names} {verb} None in this call."
+    else:
+        why = "It is the model's last site and nothing uses its value."
+    family = type(_base_distribution(fn)).__name__
+    return (
+        f"Sample site '{name}' ({family}) has no observed value: did "
+        f"you forget to pass its data (obs=...)? {why} Pass the observations to "
+        "MCMC.run as the model argument that feeds "
+        f"numpyro.sample('{name}', ..., obs=...). If '{name}' is meant to be "
+        f"latent: {_discrete_message(name, fn)}"
     )
 
 
@@ -122,8 +146,19 @@ def _base_distribution(fn: dist.Distribution) -> dist.Distribution:
     return fn
 
 
-def _site_problems(name: str, site: dict[str, Any]) -> list[str]:
-    """The problems of one site of a model trace, as messages."""
+def _site_problems(
+    name: str,
+    site: dict[str, Any],
+    unbound: frozenset[str] = frozenset(),
+    last: bool = False,
+) -> list[str]:
+    """The problems of one site of a model trace, as messages.
+
+    A discrete latent site that looks like an observation whose data was not
+    passed (its name, ``{name}_obs`` or ``obs`` is a model parameter that is
+    ``None`` in this call, among ``unbound``; or it is the ``last`` site of
+    the model, whose value nothing uses) gets the missing-data message first.
+    """
     if site["type"] == "plate":
         size, subsample_size = site["args"]
         if subsample_size is not None and subsample_size < size:
@@ -133,6 +168,9 @@ def _site_problems(name: str, site: dict[str, Any]) -> list[str]:
         return []
     fn = site["fn"]
     if fn.support.is_discrete:
+        data_names = {name, f"{name}_obs", f"obs_{name}", "obs"} & unbound
+        if data_names or last:
+            return [_missing_data_message(name, fn, sorted(data_names))]
         return [_discrete_message(name, fn)]
     problems = []
     mode = (site.get("infer") or {}).get("enumerate")
@@ -141,6 +179,54 @@ def _site_problems(name: str, site: dict[str, Any]) -> list[str]:
     if isinstance(_base_distribution(fn), dist.Delta):
         problems.append(_delta_message(name))
     return problems
+
+
+def _initial_trace(
+    model: Callable[..., Any],
+    model_args: tuple[Any, ...],
+    model_kwargs: dict[str, Any] | None,
+    rng_key: jax.Array | None,
+) -> dict[str, dict[str, Any]]:
+    """The model's trace at an initial point, as ``initialize_model`` runs it.
+
+    Under ``seed`` (``rng_key``, or the first of a batch of keys; defaults to
+    ``jax.random.PRNGKey(0)``) and ``substitute(substitute_fn=init_to_uniform)``
+    (so improper priors work), inside ``block`` so that enclosing handlers see
+    nothing.
+    """
+    if rng_key is None:
+        rng_key = jax.random.PRNGKey(0)
+    elif not is_prng_key(rng_key):
+        rng_key = rng_key[0]
+    seeded = substitute(seed(model, rng_key), substitute_fn=init_to_uniform)
+    with block():
+        return trace(seeded).get_trace(*model_args, **(model_kwargs or {}))
+
+
+def _missing_data_names(
+    model: Callable[..., Any],
+    model_args: tuple[Any, ...],
+    model_kwargs: dict[str, Any] | None,
+) -> frozenset[str]:
+    """The model's parameters that are ``None`` in this call (passed as
+    ``None`` or left at a ``None`` default): where observed data would go."""
+    try:
+        bound = inspect.signature(model).bind_partial(
+            *model_args, **(model_kwargs or {})
+        )
+    except (TypeError, ValueError):  # no signature, or arguments it rejects
+        return frozenset()
+    bound.apply_defaults()
+    return frozenset(name for name, value in bound.arguments.items() if value is None)
+
+
+def _last_sample_site(model_trace: dict[str, dict[str, Any]]) -> str | None:
+    """The last site of the trace if it is a sample site (nothing comes after
+    it: no later site can use its value), else ``None``."""
+    names = [n for n, s in model_trace.items() if s["type"] in _VALUE_SITES]
+    if names and model_trace[names[-1]]["type"] == "sample":
+        return names[-1]
+    return None
 
 
 def check_model(
@@ -154,7 +240,10 @@ def check_model(
     The model is run once, eagerly, the way ``initialize_model`` runs it:
     under ``seed`` and ``substitute(substitute_fn=init_to_uniform)`` (so
     improper priors work), inside ``block`` so that enclosing handlers see
-    nothing. Every problem found is reported in one error.
+    nothing. Every problem found is reported in one error. A discrete latent
+    site that looks like a forgotten observation (a model argument of its
+    name is ``None``, or it is the model's last site) is reported as such
+    first.
 
     Detected: discrete latent sample sites (including sites marked for
     enumeration), plates with ``subsample_size < size``, and latent ``Delta``
@@ -173,17 +262,13 @@ def check_model(
     Raises:
         UnsupportedModelError: If the model has any of the features above.
     """
-    if rng_key is None:
-        rng_key = jax.random.PRNGKey(0)
-    elif not is_prng_key(rng_key):
-        rng_key = rng_key[0]
-    seeded = substitute(seed(model, rng_key), substitute_fn=init_to_uniform)
-    with block():
-        model_trace = trace(seeded).get_trace(*model_args, **(model_kwargs or {}))
+    model_trace = _initial_trace(model, model_args, model_kwargs, rng_key)
+    unbound = _missing_data_names(model, model_args, model_kwargs)
+    last = _last_sample_site(model_trace)
     problems = [
         message
         for name, site in model_trace.items()
-        for message in _site_problems(name, site)
+        for message in _site_problems(name, site, unbound, name == last)
     ]
     if problems:
         raise UnsupportedModelError("\n".join(problems))
@@ -203,14 +288,8 @@ def non_finite_sites_message(
     NaN or infinite data in an observed site, or an observation outside its
     distribution's support.
     """
-    if rng_key is None:
-        rng_key = jax.random.PRNGKey(0)
-    elif not is_prng_key(rng_key):
-        rng_key = rng_key[0]
-    seeded = substitute(seed(model, rng_key), substitute_fn=init_to_uniform)
     try:
-        with block():
-            model_trace = trace(seeded).get_trace(*model_args, **(model_kwargs or {}))
+        model_trace = _initial_trace(model, model_args, model_kwargs, rng_key)
     except Exception:  # noqa: BLE001 - only a better message is at stake
         return ""
     bad = []
@@ -267,8 +346,10 @@ def translate_tracer_errors() -> Iterator[None]:
     ``TracerBoolConversionError``, ``ConcretizationTypeError`` and
     ``TracerIntegerConversionError`` become an `UnsupportedModelError` that
     points at the innermost line outside JAX, NumPyro and this package
-    (normally the offending line of the model), explains the fix, and chains
-    the original error (``raise ... from err``). Usable as a decorator too.
+    (normally the offending line of the model), explains the fix, and names
+    the original error and its first line. It is raised ``from None``: the
+    original traceback, dozens of JAX frames, is not printed. Usable as a
+    decorator too.
 
     Raises:
         UnsupportedModelError: If the wrapped code raised one of those errors.
@@ -276,7 +357,9 @@ def translate_tracer_errors() -> Iterator[None]:
     try:
         yield
     except _TRACER_ERRORS as err:
-        raise UnsupportedModelError(_control_flow_message(err)) from err
+        # the message names the user's line and the JAX error: the JAX frames
+        # of the original traceback would only bury it
+        raise UnsupportedModelError(_control_flow_message(err)) from None
 
 
 def check_potential_traceable(

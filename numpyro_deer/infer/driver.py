@@ -44,6 +44,7 @@ from .convergence import (
     reraise_convergence_error,
     warn_unconverged,
 )
+from .diagnostics import warn_if_unconverged
 from .host_run import (
     HostRun,
     Programs,
@@ -132,6 +133,7 @@ class MCMC(numpyro.infer.MCMC):
         # chains run inside pmap (chain_method="parallel") report their
         # failed-block counts from the devices; warn once here
         self._chain_stats = []
+        phase = compat.run_phase(self)  # "warmup" inside warmup()
         with reraise_convergence_error():
             result = super().run(*args, **kwargs)
             # the counts arrive through host callbacks, which JAX runs
@@ -142,6 +144,8 @@ class MCMC(numpyro.infer.MCMC):
             blocks, failed, bits = zip(*stats, strict=True)
             combined = (sum(blocks), sum(failed), int(np.bitwise_or.reduce(bits)))
             self._warn_failed_blocks(combined)
+        if phase != "warmup":
+            warn_if_unconverged(self)  # the draws' ESS and R-hat, once
         return result
 
     def _record_chain_stats(self, blocks, failed, bits) -> None:

@@ -54,9 +54,14 @@ class DEERHMC(DEERKernel):
             ``adapt_step_size``).
         target_accept_prob: acceptance rate the step size is adapted to in
             warmup (dual averaging). ``0.8`` by default.
+        method: ``"auto"`` (the default, as for
+            :class:`~numpyro_deer.DEERMALA`): the sequential scan on a CPU, and
+            on an accelerator the faster of the two, measured by
+            :class:`~numpyro_deer.MCMC`; ``"deer"`` or ``"sequential"`` by
+            name.
         **others: ``adapt_step_size``, ``adapt_mass_matrix``, ``dense_mass``,
-            ``init_strategy``, ``block_size``, ``method``, ``solver``,
-            ``on_failure``, ``validate_model`` and ``mesh`` are those of
+            ``init_strategy``, ``block_size``, ``solver``, ``on_failure``,
+            ``validate_model`` and ``mesh`` are those of
             :class:`~numpyro_deer.DEERMALA`.
     """
 
@@ -74,7 +79,7 @@ class DEERHMC(DEERKernel):
         target_accept_prob: float = 0.8,
         init_strategy: Callable = init_to_uniform,
         block_size: int = 4096,
-        method: str = "deer",
+        method: str = "auto",
         solver: DEERSolver = DEERSolver(),
         on_failure: str = "sequential",
         validate_model: bool = True,

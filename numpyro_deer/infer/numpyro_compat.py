@@ -47,6 +47,12 @@ def collection_params(mcmc: _mcmc.MCMC) -> tuple[int, int, int | None, str | Non
     return params["lower"], params["upper"], params["collection_size"], params["phase"]
 
 
+def run_phase(mcmc: _mcmc.MCMC) -> str | None:
+    """``"warmup"`` while ``MCMC.warmup`` runs (it calls ``run``), else the
+    phase of the collection parameters (``None`` if NumPyro has none)."""
+    return getattr(mcmc, "_collection_params", {}).get("phase")
+
+
 def collect_transform(postprocess, collect_fields, remove_sites):
     """NumPyro's transform from ``(state, *args)`` to the collected fields."""
     return _mcmc._collect_and_postprocess(postprocess, collect_fields, remove_sites)
