@@ -10,13 +10,13 @@ of taped transitions like any other, and one DEER solve (:func:`deer_solve`
 once, exactly (:func:`solve_window`). Between windows the kernel is adapted
 from statistics pooled over all chains and the draws of the window:
 
-* **metric** (:func:`pooled_inverse_mass`): the variance (``"diag"``) or
-  covariance (``"dense"``) of the second half of the window's draws of all
-  chains, regularised as Stan and NumPyro do,
+* **metric** (:func:`~numpyro_deer.core.warmup_adapt.pooled_inverse_mass`):
+  the variance (``"diag"``) or covariance (``"dense"``) of the second half
+  of the window's draws of all chains, regularised as Stan and NumPyro do,
   ``n/(n+5) var + 1e-3 * 5/(n+5)``; or (``"hessian"``) the inverse of the mean
   Hessian of the potential at pooled draws, eigenvalues in absolute value and
   floored (:mod:`numpyro_deer.core.hessian`);
-* **step size** (:func:`acceptance_curve`, :func:`choose_step_size`): one
+* **step size** (:mod:`~numpyro_deer.core.warmup_adapt`): one
   transition of the kernel in the new metric is taken from each of up to
   ``num_curve_points`` pooled draws at each of a few step sizes ``eps * f_k``
   (common random numbers), all in parallel. Their mean acceptance estimates
@@ -167,8 +167,8 @@ def solve_window(
 
     Returns:
         ``(states (C, W, D), step infos, iterations (C,), fronts (C,),
-        residuals (C,))``; iterations are 0 and fronts ``W`` - ``W`` for the
-        sequential scan (fronts 0).
+        residuals (C,))``; for the sequential scan iterations, fronts and
+        residuals are 0.
     """
     num_chains = w0.shape[0]
     num_steps = jax.tree.leaves(tapes)[0].shape[1]
