@@ -92,14 +92,16 @@ class WarmupSchedule(NamedTuple):
     """Windows of a parallel warmup.
 
     Attributes:
-        windows: transitions per window (``W``), in order.
+        windows: transitions per window (``W``), in order. Newton's
+            iterations grow slowly with ``W`` where the chains mix, so few
+            long windows make the shortest critical path.
         num_sequential: leading windows computed by the sequential scan
             instead of a DEER solve (chains far from the typical set).
         first_metric_window: the metric is estimated after each window from
             this index on (the windows before it keep the identity).
     """
 
-    windows: tuple[int, ...] = (16, 16, 32, 64, 128, 128)
+    windows: tuple[int, ...] = (32, 128, 512)
     num_sequential: int = 0
     first_metric_window: int = 1
 
