@@ -20,6 +20,7 @@ from numpyro_deer.core.parallel_warmup import (
     window_solver,
     window_tapes,
 )
+from numpyro_deer.core.warmup_adapt import chees_per_gradient
 
 SCALES = jnp.geomspace(0.1, 10.0, 5)
 NUM_CHAINS = 64
@@ -196,3 +197,53 @@ def test_bad_arguments(kwargs, message):
 def test_flat_positions_required():
     with pytest.raises(ValueError, match="shape \\(num_chains, dim\\)"):
         parallel_warmup(MALA(), gaussian_potential, jnp.zeros(5), jax.random.key(0))
+
+
+def test_chees_per_gradient_closed_form():
+    """Exact draws of a Gaussian, whitened by its scales: ChEES of HMC with
+    ``L`` steps of ``eps`` is ``D sin^2(L eps)`` for the exact flow; per
+    gradient ``D sin^2(L eps) / L``, largest at ``L = 4`` for ``eps = 0.3``."""
+    points = SCALES * jax.random.normal(jax.random.key(3), (4096, 5))
+    lengths = (1, 2, 4, 8)
+    scores = chees_per_gradient(
+        gaussian_potential,
+        tuple(HMC(num_steps=n) for n in lengths),
+        points,
+        0.3,
+        SCALES,
+        jax.random.key(4),
+    )
+    exact = 5 * np.sin(0.3 * np.array(lengths)) ** 2 / np.array(lengths)
+    np.testing.assert_allclose(scores, exact, rtol=0.15)
+    assert int(np.argmax(scores)) == 2
+
+
+def test_trajectory_length_choice_is_reported_and_counted():
+    result = parallel_warmup(
+        HMC(num_steps=8),
+        gaussian_potential,
+        jax.random.normal(jax.random.key(1), (NUM_CHAINS, 5)),
+        jax.random.key(0),
+        schedule=WarmupSchedule(windows=(WINDOW,) * 3),
+        solver=SOLVER,
+        num_steps_choices=(1, 2, 8),
+    )
+    info = result.info
+    # chosen after windows 1 (the first that estimates the metric), not the last
+    assert int(info.num_steps[0]) == 8 and int(info.num_steps[1]) == 8
+    assert int(info.num_steps[2]) == info.final_num_steps
+    assert info.final_num_steps in (1, 2, 8)
+    # the initial search (g_f = 9) and one choice (max L + 1 = 9) on top
+    expected = int(np.sum(info.windows.critical_path_gradients)) + 9 + 9
+    assert int(info.critical_path_gradients) == expected
+
+
+def test_trajectory_length_choice_needs_leapfrog_steps():
+    with pytest.raises(ValueError, match="num_steps_choices=\\(1, 2\\)"):
+        parallel_warmup(
+            MALA(),
+            gaussian_potential,
+            jnp.zeros((2, 5)),
+            jax.random.key(0),
+            num_steps_choices=(1, 2),
+        )

@@ -46,6 +46,7 @@ every window are counted in :mod:`numpyro_deer.core.warmup_cost`.
 
 from __future__ import annotations
 
+import dataclasses
 from functools import partial
 from typing import NamedTuple
 
@@ -66,6 +67,7 @@ from .transition import (
 )
 from .warmup_adapt import (
     acceptance_curve,
+    chees_per_gradient,
     choose_step_size,
     hessian_inverse_mass,
     pooled_inverse_mass,
@@ -242,12 +244,13 @@ def warmup_window(
     inverse_mass: Array,
     adapt_metric: Array,
     key: Array,
-) -> tuple[Array, Array, Array, WindowInfo]:
+) -> tuple[Array, Array, Array, Array, WindowInfo]:
     """One window for all chains at a fixed kernel, then the adaptation.
 
     The metric is estimated after the window where ``adapt_metric`` (traced,
     so windows of one length share one program). Returns ``(positions, next
-    step size, next inverse mass, info)``.
+    step size, next inverse mass, the pooled draws of the step size curve,
+    info)``.
     """
     num_chains, dim = x.shape
     mass_sqrt = mass_matrix_sqrt(inverse_mass)
@@ -314,7 +317,10 @@ def warmup_window(
         total_gradients=jnp.asarray(total, x.dtype),
         scan_levels=levels,
     )
-    return draws[:, -1], new_step_size, new_inverse, info
+    return draws[:, -1], new_step_size, new_inverse, points, info
+
+
+_chees = jax.jit(chees_per_gradient, static_argnums=(0, 1))
 
 
 def window_solver(
@@ -356,12 +362,13 @@ def parallel_warmup(
     cap_iterations: bool = True,
     num_curve_points: int = 256,
     num_hessian_points: int = 16,
+    num_steps_choices: tuple[int, ...] | None = None,
 ) -> ParallelWarmupResult:
     """Adapt step size and metric for ``C`` chains in a few parallel windows.
 
     Args:
         transition: the taped transition (:class:`~.mala.MALA`,
-            :class:`~.hmc.HMC`); HMC's ``num_steps`` stays as given.
+            :class:`~.hmc.HMC`).
         potential_fn: the potential energy of a flat vector, ``(D,) -> ()``.
         x0: initial positions, ``(C, D)``.
         key: the warmup's random key.
@@ -382,6 +389,12 @@ def parallel_warmup(
             way); otherwise ``solver``'s own limits apply.
         num_curve_points: pooled draws the acceptance curve is estimated at.
         num_hessian_points: pooled draws of the Hessian metric.
+        num_steps_choices: for a transition with leapfrog steps (HMC), the
+            candidate ``num_steps``: after each window that estimates the
+            metric (the last one excepted) the next windows use the candidate
+            of highest ChEES per gradient at the pooled draws
+            (:func:`~.warmup_adapt.chees_per_gradient`); ``None`` keeps
+            ``num_steps``. Each value used compiles its own window program.
 
     Returns:
         :class:`ParallelWarmupResult`. The windows run as one compiled
@@ -405,6 +418,16 @@ def parallel_warmup(
             f"parallel_warmup(target_accept_prob={target_accept_prob!r}): use a "
             "value in (0, 1)."
         )
+    if num_steps_choices is not None and not (
+        hasattr(transition, "num_steps")
+        and num_steps_choices
+        and all(isinstance(n, int) and n >= 1 for n in num_steps_choices)
+    ):
+        raise ValueError(
+            f"parallel_warmup(num_steps_choices={num_steps_choices!r}): give a "
+            "non-empty tuple of integers >= 1, for a transition with leapfrog "
+            "steps (HMC)."
+        )
     dim = x0.shape[1]
     keys = jax.random.split(key, len(schedule.windows) + 1)
     eps = initial_step_size(
@@ -418,10 +441,12 @@ def parallel_warmup(
     g_f = 1 + getattr(transition, "num_steps", 1)
     initial_total = x0.shape[0] * len(INITIAL_FACTORS) * g_f
     inverse_mass = _identity_metric(metric, dim, x0.dtype)
-    x, rows = x0, []
+    x, rows, used = x0, [], []
+    extra_critical, extra_total = 0, 0
     for index, num_steps in enumerate(schedule.windows):
         this_solver = window_solver(solver, transition, num_steps, cap_iterations)
-        x, eps_next, inverse_mass, row = warmup_window(
+        used.append(getattr(transition, "num_steps", 0))
+        x, eps_next, inverse_mass, points, row = warmup_window(
             transition,
             potential_fn,
             this_solver,
@@ -439,12 +464,32 @@ def parallel_warmup(
         )
         rows.append(row)
         eps = eps_next
+        last = index == len(schedule.windows) - 1
+        if num_steps_choices and index >= schedule.first_metric_window and not last:
+            candidates = tuple(
+                dataclasses.replace(transition, num_steps=n) for n in num_steps_choices
+            )
+            scores = _chees(
+                potential_fn,
+                candidates,
+                points,
+                eps,
+                mass_matrix_sqrt(inverse_mass),
+                jax.random.fold_in(keys[index + 1], 1),
+            )
+            transition = candidates[int(jnp.argmax(scores))]
+            extra_critical += max(num_steps_choices) + 1
+            extra_total += points.shape[0] * sum(n + 1 for n in num_steps_choices)
     windows = jax.tree.map(lambda *a: jnp.stack(a), *rows)
     info = WarmupInfo(
         windows=windows,
         initial_step_size=rows[0].step_size,
-        critical_path_gradients=jnp.sum(windows.critical_path_gradients) + g_f,
-        total_gradients=jnp.sum(windows.total_gradients) + initial_total,
+        critical_path_gradients=jnp.sum(windows.critical_path_gradients)
+        + g_f
+        + extra_critical,
+        total_gradients=jnp.sum(windows.total_gradients) + initial_total + extra_total,
+        num_steps=jnp.asarray(used, jnp.int32),
+        final_num_steps=getattr(transition, "num_steps", 0),
     )
     return ParallelWarmupResult(
         x, eps, inverse_mass, mass_matrix_sqrt(inverse_mass), info

@@ -112,3 +112,39 @@ def spread(points: Array, count: int) -> Array:
         return points
     index = (jnp.arange(1, count + 1) * num) // count - 1
     return points[index]
+
+
+def chees_per_gradient(
+    potential_fn: PotentialFn,
+    transitions: tuple[Transition, ...],
+    points: Array,
+    step_size: Array,
+    mass_sqrt: Array | None,
+    key: Array,
+) -> Array:
+    r"""ChEES per gradient of each transition (Hoffman, Radul and Sountsov, 2021).
+
+    .. math::
+
+        \mathrm{ChEES} = \tfrac14 \, E\big[(|w' - m|^2 - |w - m|^2)^2\big],
+
+    the expected squared change, over one transition, of the squared distance
+    of the whitened state ``w`` to the pooled mean ``m``, with ``w`` the
+    pooled draws and ``w'`` the next state (the accept decision inside the
+    expectation). Divided by the transition's gradients (``num_steps``), it
+    scores trajectory lengths without sequential feedback: one transition of
+    every candidate from every point, side by side, with the same tape.
+    """
+    num_points, dim = points.shape
+    w = jax.vmap(lambda x: solve_sqrt(mass_sqrt, x))(points)
+    centre = jnp.mean(w, axis=0)
+    before = jnp.sum((w - centre) ** 2, axis=-1)
+    potential_w = whiten(potential_fn, mass_sqrt)
+    scores = []
+    for transition in transitions:
+        tape = transition.make_tape(key, num_points, dim, points.dtype)
+        step_fn = make_step_fn(transition, potential_w, step_size)
+        after = jnp.sum((jax.vmap(step_fn)(w, tape)[0] - centre) ** 2, axis=-1)
+        chees = 0.25 * jnp.mean((after - before) ** 2)
+        scores.append(chees / getattr(transition, "num_steps", 1))
+    return jnp.stack(scores)

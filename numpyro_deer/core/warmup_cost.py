@@ -86,14 +86,20 @@ class WarmupInfo(NamedTuple):
         windows: :class:`WindowInfo` with a leading window axis.
         initial_step_size: the step size of the initial search.
         critical_path_gradients: the windows' sum plus the initial search's
-            ``g_f``.
-        total_gradients: all gradients, the initial search's included.
+            ``g_f`` and, with a trajectory length choice, ``max(L) + 1`` per
+            choice (all candidates side by side).
+        total_gradients: all gradients, the initial search's and the
+            choices' included.
+        num_steps: leapfrog steps of each window's transition (0 without).
+        final_num_steps: those after the last choice (the sampling phase's).
     """
 
     windows: WindowInfo
     initial_step_size: Array
     critical_path_gradients: Array
     total_gradients: Array
+    num_steps: Array
+    final_num_steps: int
 
 
 def gradients_per_transition(transition) -> int:
