@@ -148,6 +148,7 @@ def run_model(name, ns):
         solver=DEERSolver() if ns.sweep is None else DEERSolver(sweep=ns.sweep),
         target_accept_prob=target,
         cap_iterations=not ns.no_cap,
+        num_steps_choices=tuple(ns.num_steps_choices) or None,
     )
     result = jax.block_until_ready(result)
     par_seconds = time.perf_counter() - t0
@@ -167,11 +168,15 @@ def run_model(name, ns):
         "critical_path_gradients": int(result.info.critical_path_gradients),
         "total_gradients": float(result.info.total_gradients),
         "step_size": float(result.step_size),
+        "window_num_steps": [int(v) for v in result.info.num_steps],
         "seconds": par_seconds,
     }
+    chosen = transition  # sample with the chosen trajectory length
+    if ns.num_steps_choices:
+        chosen = HMC(num_steps=result.info.final_num_steps)
     par.update(
         sample(
-            transition,
+            chosen,
             potential,
             result.positions,
             result.step_size,
@@ -217,6 +222,13 @@ def main(argv=None):
     parser.add_argument("--num-warmup", type=int, default=500)
     parser.add_argument("--draws", type=int, default=1000)
     parser.add_argument("--num-leapfrog", type=int, default=0, help="0: MALA")
+    parser.add_argument(
+        "--num-steps-choices",
+        type=int,
+        nargs="*",
+        default=[],
+        help="HMC: leapfrog step counts to choose from by ChEES",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", default=None)
     ns = parser.parse_args(argv)
