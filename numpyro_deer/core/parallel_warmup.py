@@ -7,8 +7,9 @@ warmup of ``C`` chains is a few *windows*; within a window of ``W``
 transitions the kernel (step size, metric) is fixed, so the window is a block
 of taped transitions like any other, and one DEER solve (:func:`deer_solve`
 ``vmap``-ped over the chains, a tape per chain) computes it for all chains at
-once, exactly (:func:`solve_window`). Between windows the kernel is adapted
-from statistics pooled over all chains and the draws of the window:
+once, exactly (:mod:`~numpyro_deer.core.warmup_window`). Between windows the
+kernel is adapted from statistics pooled over all chains and the draws of the
+window:
 
 * **metric** (:func:`~numpyro_deer.core.warmup_adapt.pooled_inverse_mass`):
   the variance (``"diag"``) or covariance (``"dense"``) of the second half
@@ -55,16 +56,8 @@ import jax.numpy as jnp
 from jax import Array
 
 from .metric import mass_matrix_sqrt, mul_sqrt, solve_sqrt, whiten
-from .newton import DEERSolver, deer_solve
-from .transition import (
-    PotentialFn,
-    StepInfo,
-    Transition,
-    finish_chain,
-    make_sequential_step,
-    make_step_fn,
-    sequential_chain,
-)
+from .newton import DEERSolver
+from .transition import PotentialFn, Transition
 from .warmup_adapt import (
     acceptance_curve,
     chees_per_gradient,
@@ -73,12 +66,20 @@ from .warmup_adapt import (
     pooled_inverse_mass,
     spread,
 )
-from .warmup_cost import (
-    WarmupInfo,
-    WindowInfo,
-    break_even_iterations,
-    window_costs,
-)
+from .warmup_cost import WarmupInfo, WindowInfo, window_costs
+from .warmup_window import solve_window, window_solver, window_tapes
+
+__all__ = [
+    "ParallelWarmupResult",
+    "WarmupSchedule",
+    "check_schedule",
+    "initial_step_size",
+    "parallel_warmup",
+    "solve_window",
+    "warmup_window",
+    "window_solver",
+    "window_tapes",
+]
 
 WINDOW_FACTORS = tuple(2.0 ** (k / 2) for k in range(-16, 9))
 """Step size factors of the acceptance curve between windows (``2^(k/2)``,
@@ -142,66 +143,6 @@ def check_schedule(schedule: WarmupSchedule) -> None:
                 f"WarmupSchedule({name}={value!r}): use an integer in "
                 f"[0, {len(windows)}] (the number of windows)."
             )
-
-
-def window_tapes(
-    transition: Transition, key: Array, num_chains: int, num_steps: int, dim: int, dtype
-) -> object:
-    """One tape of ``num_steps`` transitions per chain (leading axis ``C``)."""
-    keys = jax.random.split(key, num_chains)
-    return jax.vmap(lambda k: transition.make_tape(k, num_steps, dim, dtype))(keys)
-
-
-def solve_window(
-    transition: Transition,
-    potential_fn: PotentialFn,
-    w0: Array,
-    tapes: object,
-    key: Array,
-    step_size: Array,
-    solver: DEERSolver,
-    sequential: bool = False,
-) -> tuple[Array, StepInfo, Array, Array, Array]:
-    """The chains of one window from ``w0`` (``(C, D)``), identity metric.
-
-    DEER (``vmap`` of :func:`deer_solve` over the chains), and every chain
-    whose solve did not pass finished sequentially from its front; or, with
-    ``sequential``, the sequential scan. Either way the states are the taped
-    chains of the same kernel.
-
-    Returns:
-        ``(states (C, W, D), step infos, iterations (C,), fronts (C,),
-        residuals (C,))``; for the sequential scan iterations, fronts and
-        residuals are 0.
-    """
-    num_chains = w0.shape[0]
-    num_steps = jax.tree.leaves(tapes)[0].shape[1]
-    if sequential:
-        chain = partial(sequential_chain, transition, potential_fn)
-        states, infos = jax.vmap(lambda x, t: chain(x, t, step_size))(w0, tapes)
-        zero = jnp.zeros((num_chains,), jnp.int32)
-        return states, infos, zero, zero, jnp.zeros((num_chains,), w0.dtype)
-    gate = solver.gate
-    step_fn = make_step_fn(transition, potential_fn, step_size, None, gate)
-    fast = make_sequential_step(transition, potential_fn, step_size, None, gate)
-    keys = jax.random.split(key, num_chains)
-    states, infos, info = jax.vmap(
-        lambda x, t, k: deer_solve(step_fn, x, t, k, solver, None, fast)
-    )(w0, tapes, keys)
-
-    def finish(args):
-        states, infos = args
-        return jax.vmap(
-            lambda x, t, s, i, f: finish_chain(
-                transition, potential_fn, x, t, step_size, s, i, f
-            )
-        )(w0, tapes, states, infos, info.front)
-
-    # a cond outside vmap: the fallback runs only when some chain needs it
-    states, infos = jax.lax.cond(
-        jnp.all(info.front >= num_steps), lambda a: a, finish, (states, infos)
-    )
-    return states, infos, info.iterations, info.front, info.residual
 
 
 def _identity_metric(metric: str, dim: int, dtype) -> Array:
@@ -321,31 +262,6 @@ def warmup_window(
 
 
 _chees = jax.jit(chees_per_gradient, static_argnums=(0, 1))
-
-
-def window_solver(
-    solver: DEERSolver, transition: Transition, num_steps: int, cap: bool
-) -> DEERSolver:
-    """``solver`` for a window of ``num_steps``; with ``cap``, one solve of at
-    most the break-even iterations (:func:`~.warmup_cost.break_even_iterations`)
-    before the sequential fallback."""
-    if not cap:
-        return solver
-    budget = min(
-        solver.max_iter * solver.max_solves,
-        break_even_iterations(transition, num_steps),
-    )
-    return DEERSolver(
-        jacobian=solver.jacobian,
-        gate=solver.gate,
-        solve_basis=solver.solve_basis,
-        atol=solver.atol,
-        rtol=solver.rtol,
-        max_iter=budget,
-        max_solves=1,
-        sweep=solver.sweep,
-        sweep_after=solver.sweep_after,
-    )
 
 
 def parallel_warmup(
