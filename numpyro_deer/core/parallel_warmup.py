@@ -1,0 +1,412 @@
+r"""Warmup solved in parallel across time and chains.
+
+Sequential warmup adapts the kernel after every transition, so there is no
+fixed map ``s_t = f_t(s_{t-1})`` to solve in parallel, and its critical path is
+``num_warmup`` dependent transitions whatever the number of chains. Here the
+warmup of ``C`` chains is a few *windows*; within a window of ``W``
+transitions the kernel (step size, metric) is fixed, so the window is a block
+of taped transitions like any other, and one DEER solve (:func:`deer_solve`
+``vmap``-ped over the chains, a tape per chain) computes it for all chains at
+once, exactly (:mod:`~numpyro_deer.core.warmup_window`). Between windows the
+kernel is adapted from statistics pooled over all chains and the draws of the
+window:
+
+* **metric** (:func:`~numpyro_deer.core.warmup_adapt.pooled_inverse_mass`):
+  the variance (``"diag"``) or covariance (``"dense"``) of the second half
+  of the window's draws of all chains, regularised as Stan and NumPyro do,
+  ``n/(n+5) var + 1e-3 * 5/(n+5)``; or (``"hessian"``) the inverse of the mean
+  Hessian of the potential at pooled draws, eigenvalues in absolute value and
+  floored (:mod:`numpyro_deer.core.hessian`);
+* **step size** (:mod:`~numpyro_deer.core.warmup_adapt`): one
+  transition of the kernel in the new metric is taken from each of up to
+  ``num_curve_points`` pooled draws at each of a few step sizes ``eps * f_k``
+  (common random numbers), all in parallel. Their mean acceptance estimates
+  the stationary acceptance curve ``a(eps)``; the new step size is where the
+  curve crosses ``target_accept_prob``, interpolated linearly in
+  ``log eps`` between the neighbouring candidates. Dual averaging (Hoffman
+  and Gelman, 2014) exists to average out the noise of one acceptance per
+  update with decaying gains; a pooled estimate over hundreds of draws has
+  little noise, so root finding on the estimated curve is the direct rule,
+  converges in one update when the draws are near stationarity, and costs
+  one transition on the critical path.
+
+The initial step size is the same curve at the initial positions over a wide
+grid of factors. Far from the typical set (the first windows) the dynamics
+need not contract and Newton may need about as many iterations as the
+window has steps (Gonzalez et al., 2025, "Predictability enables
+parallelization"); ``WarmupSchedule.num_sequential`` leading windows run the
+sequential scan instead, and with ``cap_iterations`` a DEER window stops at
+the break-even iteration count and finishes sequentially from its front
+(:func:`~numpyro_deer.core.transition.finish_chain`): its draws are the chain
+either way, and the fallback steps are reported. The number of leapfrog steps
+of HMC is kept fixed.
+
+The critical path (dependent gradient evaluations) and the total work of
+every window are counted in :mod:`numpyro_deer.core.warmup_cost`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from functools import partial
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+from jax import Array
+
+from .metric import mass_matrix_sqrt, mul_sqrt, solve_sqrt, whiten
+from .newton import DEERSolver
+from .transition import PotentialFn, Transition
+from .warmup_adapt import (
+    acceptance_curve,
+    chees_per_gradient,
+    choose_step_size,
+    hessian_inverse_mass,
+    pooled_inverse_mass,
+    spread,
+)
+from .warmup_cost import WarmupInfo, WindowInfo, window_costs
+from .warmup_window import solve_window, window_solver, window_tapes
+
+__all__ = [
+    "ParallelWarmupResult",
+    "WarmupSchedule",
+    "check_schedule",
+    "initial_step_size",
+    "parallel_warmup",
+    "solve_window",
+    "warmup_window",
+    "window_solver",
+    "window_tapes",
+]
+
+WINDOW_FACTORS = tuple(2.0 ** (k / 2) for k in range(-16, 9))
+"""Step size factors of the acceptance curve between windows (``2^(k/2)``,
+1/256 to 16: a new metric can move the step size far)."""
+
+INITIAL_FACTORS = tuple(2.0 ** (k / 2) for k in range(-32, 9))
+"""Step size factors of the initial search (``2^(k/2)``, ``2^-16`` to 16)."""
+
+METRICS = ("diag", "dense", "hessian")
+
+
+class WarmupSchedule(NamedTuple):
+    """Windows of a parallel warmup.
+
+    Attributes:
+        windows: transitions per window (``W``), in order. Newton's
+            iterations grow slowly with ``W`` where the chains mix, so few
+            long windows make the shortest critical path.
+        num_sequential: leading windows computed by the sequential scan
+            instead of a DEER solve (chains far from the typical set).
+        first_metric_window: the metric is estimated after each window from
+            this index on (the windows before it keep the identity).
+    """
+
+    windows: tuple[int, ...] = (32, 128, 512)
+    num_sequential: int = 0
+    first_metric_window: int = 1
+
+
+class ParallelWarmupResult(NamedTuple):
+    """What the sampling phase starts from.
+
+    Attributes:
+        positions: the chains' last warmup states, ``(C, D)``.
+        step_size: the adapted step size (scalar).
+        inverse_mass_matrix: ``(D,)`` (diagonal) or ``(D, D)``.
+        mass_matrix_sqrt: ``L`` with ``L L^T`` the inverse mass matrix, as
+            :mod:`numpyro_deer.core.metric` takes it.
+        info: per window and in total, a :class:`WarmupInfo`.
+    """
+
+    positions: Array
+    step_size: Array
+    inverse_mass_matrix: Array
+    mass_matrix_sqrt: Array
+    info: WarmupInfo
+
+
+def check_schedule(schedule: WarmupSchedule) -> None:
+    """Raise ``ValueError`` naming the field if ``schedule`` is not usable."""
+    windows = schedule.windows
+    if not windows or not all(isinstance(w, int) and w >= 2 for w in windows):
+        raise ValueError(
+            f"WarmupSchedule(windows={windows!r}): use a non-empty tuple of "
+            "integers >= 2 (transitions per window)."
+        )
+    for name in ("num_sequential", "first_metric_window"):
+        value = getattr(schedule, name)
+        if not (isinstance(value, int) and 0 <= value <= len(windows)):
+            raise ValueError(
+                f"WarmupSchedule({name}={value!r}): use an integer in "
+                f"[0, {len(windows)}] (the number of windows)."
+            )
+
+
+def _identity_metric(metric: str, dim: int, dtype) -> Array:
+    if metric == "diag":
+        return jnp.ones((dim,), dtype)
+    return jnp.eye(dim, dtype=dtype)
+
+
+@partial(jax.jit, static_argnums=(0, 1, 4))
+def initial_step_size(
+    transition: Transition,
+    potential_fn: PotentialFn,
+    x0: Array,
+    step_size: Array,
+    target: float,
+    key: Array,
+) -> Array:
+    """The acceptance curve at the initial positions (identity metric) over
+    :data:`INITIAL_FACTORS` of ``step_size``, and its crossing of ``target``."""
+    factors = jnp.asarray(INITIAL_FACTORS, x0.dtype)
+    accept = acceptance_curve(
+        transition, potential_fn, x0, step_size, None, factors, key
+    )
+    return choose_step_size(step_size, factors, accept, target)
+
+
+@partial(jax.jit, static_argnums=(0, 1, 2, 3, 4, 5, 6, 7, 8))
+def warmup_window(
+    transition: Transition,
+    potential_fn: PotentialFn,
+    solver: DEERSolver,
+    num_steps: int,
+    sequential: bool,
+    metric: str,
+    target: float,
+    num_curve_points: int,
+    num_hessian_points: int,
+    x: Array,
+    step_size: Array,
+    inverse_mass: Array,
+    adapt_metric: Array,
+    key: Array,
+) -> tuple[Array, Array, Array, Array, WindowInfo]:
+    """One window for all chains at a fixed kernel, then the adaptation.
+
+    The metric is estimated after the window where ``adapt_metric`` (traced,
+    so windows of one length share one program). Returns ``(positions, next
+    step size, next inverse mass, the pooled draws of the step size curve,
+    info)``.
+    """
+    num_chains, dim = x.shape
+    mass_sqrt = mass_matrix_sqrt(inverse_mass)
+    k_tape, k_solve, k_curve = jax.random.split(key, 3)
+    tapes = window_tapes(transition, k_tape, num_chains, num_steps, dim, x.dtype)
+    w0 = jax.vmap(lambda v: solve_sqrt(mass_sqrt, v))(x)
+    potential_w = whiten(potential_fn, mass_sqrt)
+    states, infos, iterations, fronts, residuals = solve_window(
+        transition, potential_w, w0, tapes, k_solve, step_size, solver, sequential
+    )
+    draws = jax.vmap(jax.vmap(lambda w: mul_sqrt(mass_sqrt, w)))(states)
+    pooled = draws[:, num_steps // 2 :].reshape(-1, dim)
+
+    hessian_points = 0
+    if metric == "hessian":
+        hessian_points = min(num_hessian_points, pooled.shape[0])
+        estimate = hessian_inverse_mass(potential_fn, spread(pooled, hessian_points))
+    else:
+        estimate = pooled_inverse_mass(pooled, metric == "dense")
+    usable = jnp.all(jnp.isfinite(estimate)) & jnp.all(jnp.isfinite(pooled))
+    new_inverse = jnp.where(adapt_metric & usable, estimate, inverse_mass)
+
+    factors = jnp.asarray(WINDOW_FACTORS, x.dtype)
+    points = spread(pooled, num_curve_points)
+    accept = acceptance_curve(
+        transition,
+        potential_fn,
+        points,
+        step_size,
+        mass_matrix_sqrt(new_inverse),
+        factors,
+        k_curve,
+    )
+    new_step_size = choose_step_size(step_size, factors, accept, target)
+
+    max_iterations = jnp.max(iterations)
+    fallback = num_steps if sequential else jnp.max(num_steps - fronts)
+    critical, total, levels = window_costs(
+        transition,
+        solver,
+        num_steps,
+        sequential,
+        max_iterations,
+        fallback,
+        num_chains,
+        dim,
+        points.shape[0] * factors.shape[0],
+        hessian_points,
+        adapt_metric,
+    )
+    prob = infos.accept_prob
+    info = WindowInfo(
+        num_steps=jnp.asarray(num_steps, jnp.int32),
+        sequential=jnp.asarray(sequential),
+        newton_iterations=max_iterations,
+        num_converged=jnp.sum(~sequential & (fronts >= num_steps)),
+        fallback_steps=jnp.asarray(fallback, jnp.int32),
+        residual=jnp.max(residuals),
+        mean_accept_prob=jnp.mean(jnp.where(jnp.isfinite(prob), prob, 0.0)),
+        num_diverging=jnp.sum(infos.diverging),
+        step_size=step_size,
+        metric_updated=adapt_metric & usable,
+        critical_path_gradients=jnp.asarray(critical, jnp.int32),
+        total_gradients=jnp.asarray(total, x.dtype),
+        scan_levels=levels,
+    )
+    return draws[:, -1], new_step_size, new_inverse, points, info
+
+
+_chees = jax.jit(chees_per_gradient, static_argnums=(0, 1))
+
+
+def parallel_warmup(
+    transition: Transition,
+    potential_fn: PotentialFn,
+    x0: Array,
+    key: Array,
+    *,
+    schedule: WarmupSchedule | None = None,
+    solver: DEERSolver = DEERSolver(),
+    metric: str = "diag",
+    target_accept_prob: float | None = None,
+    step_size: float = 1.0,
+    cap_iterations: bool = True,
+    num_curve_points: int = 256,
+    num_hessian_points: int = 16,
+    num_steps_choices: tuple[int, ...] | None = None,
+) -> ParallelWarmupResult:
+    """Adapt step size and metric for ``C`` chains in a few parallel windows.
+
+    Args:
+        transition: the taped transition (:class:`~.mala.MALA`,
+            :class:`~.hmc.HMC`).
+        potential_fn: the potential energy of a flat vector, ``(D,) -> ()``.
+        x0: initial positions, ``(C, D)``.
+        key: the warmup's random key.
+        schedule: the windows (:class:`WarmupSchedule`; ``None``: its
+            defaults).
+        solver: the DEER solver of each window (solved in the whitened
+            coordinates of the window's metric, so its tolerances mean what
+            they mean for the sampling blocks).
+        metric: ``"diag"`` (pooled variance), ``"dense"`` (pooled covariance)
+            or ``"hessian"`` (inverse mean Hessian at ``num_hessian_points``
+            pooled draws; dense).
+        target_accept_prob: the acceptance the step size is chosen for;
+            ``None``: 0.8 for a transition with leapfrog steps, 0.9 otherwise
+            (the defaults of ``DEERHMC`` and ``DEERMALA``).
+        step_size: centre of the initial search's grid.
+        cap_iterations: stop each window's solve at the break-even iteration
+            count and finish it sequentially (the draws are the chain either
+            way); otherwise ``solver``'s own limits apply.
+        num_curve_points: pooled draws the acceptance curve is estimated at.
+        num_hessian_points: pooled draws of the Hessian metric.
+        num_steps_choices: for a transition with leapfrog steps (HMC), the
+            candidate ``num_steps``: after each window that estimates the
+            metric (the last one excepted) the next windows use the candidate
+            of highest ChEES per gradient at the pooled draws
+            (:func:`~.warmup_adapt.chees_per_gradient`); ``None`` keeps
+            ``num_steps``. Each value used compiles its own window program.
+
+    Returns:
+        :class:`ParallelWarmupResult`. The windows run as one compiled
+        program per distinct (window length, kind) from a Python loop, so
+        the call is not meant to be traced under an outer ``jit``.
+    """
+    schedule = WarmupSchedule() if schedule is None else schedule
+    check_schedule(schedule)
+    if metric not in METRICS:
+        raise ValueError(f"parallel_warmup(metric={metric!r}): use one of {METRICS}.")
+    x0 = jnp.asarray(x0)
+    if x0.ndim != 2:
+        raise ValueError(
+            f"parallel_warmup(x0 of shape {x0.shape}): pass one flat position "
+            "per chain, shape (num_chains, dim)."
+        )
+    if target_accept_prob is None:
+        target_accept_prob = 0.8 if hasattr(transition, "num_steps") else 0.9
+    if not 0 < target_accept_prob < 1:
+        raise ValueError(
+            f"parallel_warmup(target_accept_prob={target_accept_prob!r}): use a "
+            "value in (0, 1)."
+        )
+    if num_steps_choices is not None and not (
+        hasattr(transition, "num_steps")
+        and num_steps_choices
+        and all(isinstance(n, int) and n >= 1 for n in num_steps_choices)
+    ):
+        raise ValueError(
+            f"parallel_warmup(num_steps_choices={num_steps_choices!r}): give a "
+            "non-empty tuple of integers >= 1, for a transition with leapfrog "
+            "steps (HMC)."
+        )
+    dim = x0.shape[1]
+    keys = jax.random.split(key, len(schedule.windows) + 1)
+    eps = initial_step_size(
+        transition,
+        potential_fn,
+        x0,
+        jnp.asarray(step_size, x0.dtype),
+        float(target_accept_prob),
+        keys[0],
+    )
+    g_f = 1 + getattr(transition, "num_steps", 1)
+    initial_total = x0.shape[0] * len(INITIAL_FACTORS) * g_f
+    inverse_mass = _identity_metric(metric, dim, x0.dtype)
+    x, rows, used = x0, [], []
+    extra_critical, extra_total = 0, 0
+    for index, num_steps in enumerate(schedule.windows):
+        this_solver = window_solver(solver, transition, num_steps, cap_iterations)
+        used.append(getattr(transition, "num_steps", 0))
+        x, eps_next, inverse_mass, points, row = warmup_window(
+            transition,
+            potential_fn,
+            this_solver,
+            num_steps,
+            index < schedule.num_sequential,
+            metric,
+            float(target_accept_prob),
+            num_curve_points,
+            num_hessian_points,
+            x,
+            eps,
+            inverse_mass,
+            jnp.asarray(index >= schedule.first_metric_window),
+            keys[index + 1],
+        )
+        rows.append(row)
+        eps = eps_next
+        last = index == len(schedule.windows) - 1
+        if num_steps_choices and index >= schedule.first_metric_window and not last:
+            candidates = tuple(
+                dataclasses.replace(transition, num_steps=n) for n in num_steps_choices
+            )
+            scores = _chees(
+                potential_fn,
+                candidates,
+                points,
+                eps,
+                mass_matrix_sqrt(inverse_mass),
+                jax.random.fold_in(keys[index + 1], 1),
+            )
+            transition = candidates[int(jnp.argmax(scores))]
+            extra_critical += max(num_steps_choices) + 1
+            extra_total += points.shape[0] * sum(n + 1 for n in num_steps_choices)
+    windows = jax.tree.map(lambda *a: jnp.stack(a), *rows)
+    info = WarmupInfo(
+        windows=windows,
+        initial_step_size=rows[0].step_size,
+        critical_path_gradients=jnp.sum(windows.critical_path_gradients)
+        + g_f
+        + extra_critical,
+        total_gradients=jnp.sum(windows.total_gradients) + initial_total + extra_total,
+        num_steps=jnp.asarray(used, jnp.int32),
+        final_num_steps=getattr(transition, "num_steps", 0),
+    )
+    return ParallelWarmupResult(
+        x, eps, inverse_mass, mass_matrix_sqrt(inverse_mass), info
+    )

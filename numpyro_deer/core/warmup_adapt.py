@@ -1,0 +1,150 @@
+r"""The adaptation between windows of a parallel warmup: pooled statistics.
+
+Between two windows of :mod:`numpyro_deer.core.parallel_warmup` the kernel is
+adapted from the draws of all chains (:func:`spread` picks evenly spaced ones):
+
+* the metric from the pooled variance or covariance
+  (:func:`pooled_inverse_mass`, Stan's and NumPyro's regularisation) or the
+  inverse mean Hessian (:func:`hessian_inverse_mass`);
+* the step size where the estimated stationary acceptance curve crosses the
+  target (:func:`acceptance_curve`, :func:`choose_step_size`): one transition
+  from each pooled draw at each candidate step size, side by side.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from jax import Array
+
+from .hessian import mean_hessian_eigh
+from .metric import solve_sqrt, whiten
+from .transition import PotentialFn, Transition, make_step_fn
+
+EIGENVALUE_FLOOR = 1e-4
+"""Smallest eigenvalue magnitude of the mean Hessian kept, relative to the
+largest (the Hessian metric)."""
+
+
+def acceptance_curve(
+    transition: Transition,
+    potential_fn: PotentialFn,
+    points: Array,
+    step_size: Array,
+    mass_sqrt: Array | None,
+    factors: Array,
+    key: Array,
+) -> Array:
+    """Mean acceptance of one transition from ``points`` at ``step_size * f``.
+
+    Every candidate factor uses the same tape (common random numbers), so the
+    estimated curve is smooth in the step size. A non-finite proposal counts
+    as a rejection. Returns one mean per factor.
+    """
+    num_points, dim = points.shape
+    tape = transition.make_tape(key, num_points, dim, points.dtype)
+    potential_w = whiten(potential_fn, mass_sqrt)
+    w = jax.vmap(lambda x: solve_sqrt(mass_sqrt, x))(points)
+
+    def mean_accept(factor):
+        step_fn = make_step_fn(transition, potential_w, step_size * factor)
+        prob = jax.vmap(step_fn)(w, tape)[1].accept_prob
+        return jnp.mean(jnp.where(jnp.isfinite(prob), prob, 0.0))
+
+    return jax.vmap(mean_accept)(factors)
+
+
+def choose_step_size(
+    step_size: Array, factors: Array, accept: Array, target: float
+) -> Array:
+    """Where the acceptance curve crosses ``target``, linear in ``log eps``.
+
+    ``accept[k]`` is the mean acceptance at ``step_size * factors[k]``
+    (factors increasing). The crossing is between the last candidate of the
+    leading run that reaches ``target`` and the next one; when no candidate
+    reaches it the smallest factor is taken, when all do the largest (the next
+    window's curve moves further).
+    """
+    log_f = jnp.log(factors)
+    ok = jnp.cumprod(accept >= target).astype(bool)  # leading run only
+    count = jnp.sum(ok)
+    hi = jnp.clip(count, 1, factors.shape[0] - 1)
+    lo = hi - 1
+    gap = accept[lo] - accept[hi]
+    t = jnp.where(gap > 0, (accept[lo] - target) / jnp.where(gap > 0, gap, 1.0), 0.0)
+    between = log_f[lo] + jnp.clip(t, 0.0, 1.0) * (log_f[hi] - log_f[lo])
+    log_factor = jnp.where(
+        count == 0, log_f[0], jnp.where(count == factors.shape[0], log_f[-1], between)
+    )
+    return step_size * jnp.exp(log_factor)
+
+
+def pooled_inverse_mass(draws: Array, dense: bool) -> Array:
+    """The regularised variance (or covariance) of pooled draws ``(n, D)``.
+
+    ``n/(n+5) S + 1e-3 * 5/(n+5)`` (times the identity for a dense ``S``),
+    Stan's and NumPyro's regularisation of the windowed estimate.
+    """
+    n = draws.shape[0]
+    shrink = n / (n + 5.0)
+    ridge = 1e-3 * 5.0 / (n + 5.0)
+    if not dense:
+        return shrink * jnp.var(draws, axis=0, ddof=1) + ridge
+    cov = jnp.atleast_2d(jnp.cov(draws, rowvar=False))
+    return shrink * cov + ridge * jnp.eye(draws.shape[1], dtype=draws.dtype)
+
+
+def hessian_inverse_mass(potential_fn: PotentialFn, points: Array) -> Array:
+    """``|H|^{-1}`` with ``H`` the mean Hessian at ``points`` (eigenvalues in
+    absolute value, floored at :data:`EIGENVALUE_FLOOR` times the largest);
+    not finite when the Hessian is not."""
+    eigenvalues, vectors, finite = mean_hessian_eigh(potential_fn, points)
+    magnitude = jnp.abs(eigenvalues)
+    magnitude = jnp.maximum(magnitude, EIGENVALUE_FLOOR * jnp.max(magnitude))
+    inverse = (vectors / magnitude) @ vectors.T
+    return jnp.where(finite, 0.5 * (inverse + inverse.T), jnp.nan)
+
+
+def spread(points: Array, count: int) -> Array:
+    """At most ``count`` rows of ``points``, evenly spaced, the last included."""
+    num = points.shape[0]
+    if num <= count:
+        return points
+    index = (jnp.arange(1, count + 1) * num) // count - 1
+    return points[index]
+
+
+def chees_per_gradient(
+    potential_fn: PotentialFn,
+    transitions: tuple[Transition, ...],
+    points: Array,
+    step_size: Array,
+    mass_sqrt: Array | None,
+    key: Array,
+) -> Array:
+    r"""ChEES per gradient of each transition (Hoffman, Radul and Sountsov, 2021).
+
+    .. math::
+
+        \mathrm{ChEES} = \tfrac14 \, E\big[(|w' - m|^2 - |w - m|^2)^2\big],
+
+    the expected squared change, over one transition, of the squared distance
+    of the whitened state ``w`` to the pooled mean ``m``, with ``w`` the
+    pooled draws and ``w'`` the next state (the accept decision inside the
+    expectation). Divided by the transition's gradients (``num_steps``), it
+    scores trajectory lengths without sequential feedback: one transition of
+    every candidate from every point, side by side, with the same tape.
+    """
+    num_points, dim = points.shape
+    w = jax.vmap(lambda x: solve_sqrt(mass_sqrt, x))(points)
+    centre = jnp.mean(w, axis=0)
+    before = jnp.sum((w - centre) ** 2, axis=-1)
+    potential_w = whiten(potential_fn, mass_sqrt)
+    scores = []
+    for transition in transitions:
+        tape = transition.make_tape(key, num_points, dim, points.dtype)
+        step_fn = make_step_fn(transition, potential_w, step_size)
+        after = jnp.sum((jax.vmap(step_fn)(w, tape)[0] - centre) ** 2, axis=-1)
+        chees = 0.25 * jnp.mean((after - before) ** 2)
+        scores.append(chees / getattr(transition, "num_steps", 1))
+    return jnp.stack(scores)

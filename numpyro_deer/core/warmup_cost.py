@@ -1,0 +1,166 @@
+r"""What a parallel warmup reports, and its cost in gradient evaluations.
+
+On an accelerator a small model's transition is bound by launch latency, so a
+sampler's wall time is about (dependent gradient evaluations on its longest
+path) x latency + (all gradient evaluations) / throughput. Both are counted
+here per window of :mod:`numpyro_deer.core.parallel_warmup`, in units of one
+gradient of the potential; a Hessian-vector product (the tangent of a
+gradient in a forward-mode product) counts as one more.
+
+With ``g`` the gradients of one sequential transition (MALA 1, HMC ``L``) and
+``g_f = g + 1`` those of the step the solver evaluates (it recomputes the
+gradient at its input), a window of ``W`` transitions costs on the critical
+path
+
+* sequential scan: ``1 + W g`` (the gradient at the start, then ``W`` steps);
+* DEER: ``k (2 g_f + s_0) + max(0, k - a) s g + [F > 0] (1 + F g)`` with
+  ``k`` the Newton iterations of the slowest chain (the chains run in
+  lockstep), ``2 g_f`` the step and its Jacobian products (evaluated side by
+  side, so several probes add no depth), ``s = sweep`` and ``a =
+  sweep_after`` of the solver (``s_0 = 1`` when ``s > 0``: the sweep's
+  starting gradients, evaluated every iteration) and ``F`` the sequential
+  fallback steps of the slowest chain;
+* the adaptation after it: ``g_f`` (one transition at every candidate step
+  size from every pooled point, side by side) and, for the Hessian metric,
+  ``2`` (the gradient and its forward derivative at the points).
+
+The associative scan adds ``ceil(log2 W)`` cheap levels per iteration,
+counted apart (``scan_levels``). The totals count what the hardware computes:
+under ``vmap`` every chain runs as many iterations as the slowest one.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import jax.numpy as jnp
+from jax import Array
+
+from .jacobian import StochasticDiagonalJacobian
+from .newton import DEERSolver
+
+
+class WindowInfo(NamedTuple):
+    """One window of a parallel warmup (stacked over windows in
+    :class:`WarmupInfo`: each field then has a leading window axis).
+
+    Attributes:
+        num_steps: transitions in the window (``W``).
+        sequential: computed by the sequential scan instead of DEER.
+        newton_iterations: Newton iterations of the slowest chain (0 for a
+            sequential window).
+        num_converged: chains whose DEER solve passed every step.
+        fallback_steps: sequential steps after the solve, slowest chain
+            (``W - front``; ``W`` for a sequential window).
+        residual: largest certified residual over the chains.
+        mean_accept_prob: acceptance pooled over chains and draws.
+        num_diverging: draws with a non-finite proposal, all chains.
+        step_size: the window's (fixed) step size.
+        metric_updated: the metric was estimated after this window.
+        critical_path_gradients: dependent gradients of the window and the
+            adaptation after it (module docstring).
+        total_gradients: all gradients computed for them.
+        scan_levels: ``iterations * ceil(log2 W)`` associative scan levels.
+    """
+
+    num_steps: Array
+    sequential: Array
+    newton_iterations: Array
+    num_converged: Array
+    fallback_steps: Array
+    residual: Array
+    mean_accept_prob: Array
+    num_diverging: Array
+    step_size: Array
+    metric_updated: Array
+    critical_path_gradients: Array
+    total_gradients: Array
+    scan_levels: Array
+
+
+class WarmupInfo(NamedTuple):
+    """A parallel warmup's report.
+
+    Attributes:
+        windows: :class:`WindowInfo` with a leading window axis.
+        initial_step_size: the step size of the initial search.
+        critical_path_gradients: the windows' sum plus the initial search's
+            ``g_f`` and, with a trajectory length choice, ``max(L) + 1`` per
+            choice (all candidates side by side).
+        total_gradients: all gradients, the initial search's and the
+            choices' included.
+        num_steps: leapfrog steps of each window's transition (0 without).
+        final_num_steps: those after the last choice (the sampling phase's).
+    """
+
+    windows: WindowInfo
+    initial_step_size: Array
+    critical_path_gradients: Array
+    total_gradients: Array
+    num_steps: Array
+    final_num_steps: int
+
+
+def gradients_per_transition(transition) -> int:
+    """``g``: gradients of one sequential transition (``num_steps`` leapfrog
+    steps for HMC, 1 otherwise)."""
+    return int(getattr(transition, "num_steps", 1))
+
+
+def tangent_directions(solver: DEERSolver, dim: int) -> int:
+    """Forward-mode products per step and iteration of the solver's Jacobian."""
+    if isinstance(solver.jacobian, StochasticDiagonalJacobian):
+        return solver.jacobian.num_probes
+    return dim
+
+
+def break_even_iterations(transition, num_steps: int) -> int:
+    """Newton iterations that cost as much critical path as the sequential
+    scan of ``num_steps`` transitions: ``max(1, W g // (2 g_f))``."""
+    g = gradients_per_transition(transition)
+    return max(1, (num_steps * g) // (2 * (g + 1)))
+
+
+def window_costs(
+    transition,
+    solver: DEERSolver,
+    num_steps: int,
+    sequential: bool,
+    iterations: Array,
+    fallback: Array,
+    num_chains: int,
+    dim: int,
+    curve_evaluations: int,
+    hessian_points: int,
+    metric_estimated: Array | bool,
+) -> tuple[Array, Array, Array]:
+    """``(critical path, total, scan levels)`` of one window and the adaptation
+    after it, in gradients (see the module docstring). ``curve_evaluations``
+    is points x candidate step sizes; ``hessian_points`` 0 unless the metric
+    is the Hessian one, counted where ``metric_estimated``."""
+    g = gradients_per_transition(transition)
+    g_f = g + 1
+    levels = jnp.zeros((), jnp.int32)
+    if sequential:
+        critical = jnp.asarray(1 + num_steps * g)
+        total = num_chains * critical
+    else:
+        k = iterations
+        s = solver.sweep
+        swept = jnp.maximum(k - solver.sweep_after, 0) if s else 0
+        segments = max(1, min(num_steps // s, num_steps)) if s else 0
+        tail = jnp.where(fallback > 0, 1 + fallback * g, 0)
+        critical = k * (2 * g_f + (1 if s else 0)) + swept * s * g + tail
+        directions = tangent_directions(solver, dim)
+        per_chain = (
+            k * (num_steps * g_f * (1 + directions) + segments)
+            + swept * segments * s * g
+            + tail
+        )
+        total = num_chains * per_chain
+        levels = k * math.ceil(math.log2(num_steps))
+    hessian = jnp.where(metric_estimated, 1, 0) if hessian_points else 0
+    critical = critical + g_f + 2 * hessian
+    total = total + curve_evaluations * g_f + 2 * hessian_points * dim * hessian
+    return critical, total, jnp.asarray(levels, jnp.int32)

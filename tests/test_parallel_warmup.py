@@ -1,0 +1,249 @@
+"""Parallel warmup (numpyro_deer.core.parallel_warmup): windows solved by DEER
+for all chains at a fixed kernel, adapted from pooled statistics.
+
+Float64 (the session's conftest). One potential function object and one
+window length are shared by the tests, so the window program compiles once.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from numpyro_deer.core import HMC, MALA, DEERSolver, sequential_chain
+from numpyro_deer.core.metric import mass_matrix_sqrt, solve_sqrt, whiten
+from numpyro_deer.core.parallel_warmup import (
+    WarmupSchedule,
+    parallel_warmup,
+    solve_window,
+    warmup_window,
+    window_solver,
+    window_tapes,
+)
+from numpyro_deer.core.warmup_adapt import chees_per_gradient
+
+SCALES = jnp.geomspace(0.1, 10.0, 5)
+NUM_CHAINS = 64
+WINDOW = 16
+# the sweep changes how fast a solve converges, never its result; without it
+# the window program compiles in about half the time
+SOLVER = DEERSolver(sweep=0)
+SCHEDULE = WarmupSchedule(windows=(WINDOW,) * 8)
+
+
+def gaussian_potential(x):
+    """``N(0, diag(SCALES^2))``."""
+    return 0.5 * jnp.sum((x / SCALES) ** 2)
+
+
+@pytest.fixture(scope="module")
+def warmed():
+    x0 = jax.random.normal(jax.random.key(1), (NUM_CHAINS, SCALES.shape[0]))
+    return parallel_warmup(
+        MALA(),
+        gaussian_potential,
+        x0,
+        jax.random.key(0),
+        schedule=SCHEDULE,
+        solver=SOLVER,
+    )
+
+
+@pytest.mark.parametrize("transition", [MALA(), HMC(num_steps=2)], ids=["mala", "hmc"])
+@pytest.mark.parametrize("max_iter", [100, 2], ids=["converged", "fallback"])
+def test_window_equals_sequential_scan(transition, max_iter):
+    """Each window's DEER solve (and its sequential completion after an
+    iteration cap) is the sequential scan of the same tapes at the same kernel."""
+    num_chains, num_steps, dim = 4, 12, SCALES.shape[0]
+    inverse_mass = SCALES**2 * jnp.array([1.3, 0.7, 1.0, 1.1, 0.9])
+    mass_sqrt = mass_matrix_sqrt(inverse_mass)
+    step_size = 0.3 if isinstance(transition, MALA) else 0.5
+    x0 = 2.0 * SCALES * jax.random.normal(jax.random.key(3), (num_chains, dim))
+    w0 = jax.vmap(lambda x: solve_sqrt(mass_sqrt, x))(x0)
+    tapes = window_tapes(
+        transition, jax.random.key(4), num_chains, num_steps, dim, x0.dtype
+    )
+    potential_w = whiten(gaussian_potential, mass_sqrt)
+    solver = DEERSolver(sweep=0, max_iter=max_iter, max_solves=1)
+    states, infos, iterations, fronts, _ = jax.jit(
+        lambda w, t, k: solve_window(
+            transition, potential_w, w, t, k, step_size, solver
+        )
+    )(w0, tapes, jax.random.key(5))
+    expected, expected_infos = jax.vmap(
+        lambda w, t: sequential_chain(transition, potential_w, w, t, step_size)
+    )(w0, tapes)
+    if max_iter == 100:
+        assert np.all(fronts == num_steps)  # the solves themselves passed
+    else:
+        assert np.all(iterations == 2) and np.any(fronts < num_steps)
+    # both kinds of step are in the chains: the comparison tests the gate
+    assert 0 < np.mean(expected_infos.accepted) < 1
+    np.testing.assert_allclose(states, expected, rtol=1e-8, atol=1e-10)
+    np.testing.assert_allclose(
+        infos.accept_prob, expected_infos.accept_prob, rtol=1e-8, atol=1e-10
+    )
+
+
+def test_adapted_metric_and_acceptance(warmed):
+    """C=64 chains: the diagonal inverse mass within 20 % of the variances,
+    and a further window at the adapted kernel accepts near the target 0.9."""
+    np.testing.assert_allclose(warmed.inverse_mass_matrix, SCALES**2, rtol=0.2)
+    np.testing.assert_allclose(
+        warmed.mass_matrix_sqrt**2, warmed.inverse_mass_matrix, rtol=1e-12
+    )
+    windows = warmed.info.windows
+    assert np.all(np.asarray(windows.metric_updated) == (np.arange(8) >= 1))
+    *_, info = warmup_window(  # the warmup's own compiled window program
+        MALA(),
+        gaussian_potential,
+        window_solver(SOLVER, MALA(), WINDOW, True),
+        WINDOW,
+        False,
+        "diag",
+        0.9,
+        256,
+        16,
+        warmed.positions,
+        warmed.step_size,
+        warmed.inverse_mass_matrix,
+        jnp.asarray(False),
+        jax.random.key(9),
+    )
+    assert abs(float(info.mean_accept_prob) - 0.9) < 0.05
+    # capped at 4 iterations: chains whose solve did not pass fell back
+    assert (int(info.fallback_steps) > 0) == (int(info.num_converged) < NUM_CHAINS)
+    assert int(info.newton_iterations) <= WINDOW // 4
+
+
+def test_far_start_finite_and_reports_fallback():
+    """From 10 N(0, I) times the scales: finite states and step size, and the
+    report says which windows fell back to sequential steps."""
+    x0 = 10.0 * SCALES * jax.random.normal(jax.random.key(7), (NUM_CHAINS, 5))
+    result = parallel_warmup(
+        MALA(),
+        gaussian_potential,
+        x0,
+        jax.random.key(8),
+        schedule=SCHEDULE,
+        solver=SOLVER,
+    )
+    assert np.all(np.isfinite(result.positions))
+    assert np.isfinite(result.step_size) and result.step_size > 0
+    windows = result.info.windows
+    fell_back = np.asarray(windows.fallback_steps) > 0
+    all_passed = np.asarray(windows.num_converged) == NUM_CHAINS
+    assert np.all(fell_back == ~all_passed)
+    cap = WINDOW // 4  # break-even iterations of MALA
+    assert np.all(np.asarray(windows.newton_iterations) <= cap)
+    # every chain near the typical set at the end: |x| / scale below 5
+    assert np.all(np.abs(result.positions / SCALES) < 5.0)
+
+
+def test_critical_path_hand_count():
+    """Two chains of one dimension, a sequential window of 4 then a DEER
+    window of 4 capped at its break-even single iteration."""
+    result = parallel_warmup(
+        MALA(),
+        lambda x: 0.5 * jnp.sum(x**2),
+        jnp.array([[0.3], [-0.5]]),
+        jax.random.key(0),
+        schedule=WarmupSchedule(windows=(4, 4), num_sequential=1),
+        solver=DEERSolver(sweep=0),
+    )
+    windows = result.info.windows
+    np.testing.assert_array_equal(windows.newton_iterations, [0, 1])
+    # one iteration tests the initial guess (nothing passes) and sets the
+    # first step exactly: the front is 0, all 4 steps are finished sequentially
+    np.testing.assert_array_equal(windows.fallback_steps, [4, 4])
+    # MALA: g = 1 per sequential step, g_f = 2 per evaluated step
+    initial = 2  # one step from every chain at every candidate step size
+    sequential = 1 + 4 * 1 + 2  # start gradient, 4 steps, the curve after
+    deer = 1 * (2 * 2) + (1 + 4 * 1) + 2  # iteration, fallback, the curve
+    np.testing.assert_array_equal(windows.critical_path_gradients, [7, 11])
+    assert int(result.info.critical_path_gradients) == initial + sequential + deer
+    # all gradients: 2 chains; the curve at 4 pooled draws x 25 step sizes
+    # (41 at the start), one stochastic probe
+    total_initial = 2 * 41 * 2
+    total_sequential = 2 * (1 + 4) + 4 * 25 * 2
+    total_deer = 2 * (1 * 4 * 2 * 2 + (1 + 4)) + 4 * 25 * 2
+    assert float(result.info.total_gradients) == (
+        total_initial + total_sequential + total_deer
+    )
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (
+            {"schedule": WarmupSchedule(windows=())},
+            "WarmupSchedule\\(windows=\\(\\)\\)",
+        ),
+        (
+            {"schedule": WarmupSchedule(windows=(8,), num_sequential=2)},
+            "num_sequential=2",
+        ),
+        ({"metric": "full"}, "metric='full'"),
+        ({"target_accept_prob": 1.5}, "target_accept_prob=1.5"),
+    ],
+)
+def test_bad_arguments(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        parallel_warmup(
+            MALA(), gaussian_potential, jnp.zeros((2, 5)), jax.random.key(0), **kwargs
+        )
+
+
+def test_flat_positions_required():
+    with pytest.raises(ValueError, match="shape \\(num_chains, dim\\)"):
+        parallel_warmup(MALA(), gaussian_potential, jnp.zeros(5), jax.random.key(0))
+
+
+def test_chees_per_gradient_closed_form():
+    """Exact draws of a Gaussian, whitened by its scales: ChEES of HMC with
+    ``L`` steps of ``eps`` is ``D sin^2(L eps)`` for the exact flow; per
+    gradient ``D sin^2(L eps) / L``, largest at ``L = 4`` for ``eps = 0.3``."""
+    points = SCALES * jax.random.normal(jax.random.key(3), (4096, 5))
+    lengths = (1, 2, 4, 8)
+    scores = chees_per_gradient(
+        gaussian_potential,
+        tuple(HMC(num_steps=n) for n in lengths),
+        points,
+        0.3,
+        SCALES,
+        jax.random.key(4),
+    )
+    exact = 5 * np.sin(0.3 * np.array(lengths)) ** 2 / np.array(lengths)
+    np.testing.assert_allclose(scores, exact, rtol=0.15)
+    assert int(np.argmax(scores)) == 2
+
+
+def test_trajectory_length_choice_is_reported_and_counted():
+    result = parallel_warmup(
+        HMC(num_steps=8),
+        gaussian_potential,
+        jax.random.normal(jax.random.key(1), (NUM_CHAINS, 5)),
+        jax.random.key(0),
+        schedule=WarmupSchedule(windows=(WINDOW,) * 3),
+        solver=SOLVER,
+        num_steps_choices=(1, 2, 8),
+    )
+    info = result.info
+    # chosen after windows 1 (the first that estimates the metric), not the last
+    assert int(info.num_steps[0]) == 8 and int(info.num_steps[1]) == 8
+    assert int(info.num_steps[2]) == info.final_num_steps
+    assert info.final_num_steps in (1, 2, 8)
+    # the initial search (g_f = 9) and one choice (max L + 1 = 9) on top
+    expected = int(np.sum(info.windows.critical_path_gradients)) + 9 + 9
+    assert int(info.critical_path_gradients) == expected
+
+
+def test_trajectory_length_choice_needs_leapfrog_steps():
+    with pytest.raises(ValueError, match="num_steps_choices=\\(1, 2\\)"):
+        parallel_warmup(
+            MALA(),
+            gaussian_potential,
+            jnp.zeros((2, 5)),
+            jax.random.key(0),
+            num_steps_choices=(1, 2),
+        )
