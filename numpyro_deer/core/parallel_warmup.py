@@ -59,10 +59,12 @@ from .metric import mass_matrix_sqrt, mul_sqrt, solve_sqrt, whiten
 from .newton import DEERSolver
 from .transition import PotentialFn, Transition
 from .warmup_adapt import (
+    INITIAL_FACTORS,
     acceptance_curve,
     chees_per_gradient,
     choose_step_size,
     hessian_inverse_mass,
+    initial_step_size,
     pooled_inverse_mass,
     spread,
 )
@@ -84,9 +86,6 @@ __all__ = [
 WINDOW_FACTORS = tuple(2.0 ** (k / 2) for k in range(-16, 9))
 """Step size factors of the acceptance curve between windows (``2^(k/2)``,
 1/256 to 16: a new metric can move the step size far)."""
-
-INITIAL_FACTORS = tuple(2.0 ** (k / 2) for k in range(-32, 9))
-"""Step size factors of the initial search (``2^(k/2)``, ``2^-16`` to 16)."""
 
 METRICS = ("diag", "dense", "hessian")
 
@@ -149,24 +148,6 @@ def _identity_metric(metric: str, dim: int, dtype) -> Array:
     if metric == "diag":
         return jnp.ones((dim,), dtype)
     return jnp.eye(dim, dtype=dtype)
-
-
-@partial(jax.jit, static_argnums=(0, 1, 4))
-def initial_step_size(
-    transition: Transition,
-    potential_fn: PotentialFn,
-    x0: Array,
-    step_size: Array,
-    target: float,
-    key: Array,
-) -> Array:
-    """The acceptance curve at the initial positions (identity metric) over
-    :data:`INITIAL_FACTORS` of ``step_size``, and its crossing of ``target``."""
-    factors = jnp.asarray(INITIAL_FACTORS, x0.dtype)
-    accept = acceptance_curve(
-        transition, potential_fn, x0, step_size, None, factors, key
-    )
-    return choose_step_size(step_size, factors, accept, target)
 
 
 @partial(jax.jit, static_argnums=(0, 1, 2, 3, 4, 5, 6, 7, 8))

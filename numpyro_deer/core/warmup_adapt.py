@@ -13,6 +13,8 @@ adapted from the draws of all chains (:func:`spread` picks evenly spaced ones):
 
 from __future__ import annotations
 
+from functools import partial
+
 import jax
 import jax.numpy as jnp
 from jax import Array
@@ -148,3 +150,25 @@ def chees_per_gradient(
         chees = 0.25 * jnp.mean((after - before) ** 2)
         scores.append(chees / getattr(transition, "num_steps", 1))
     return jnp.stack(scores)
+
+
+INITIAL_FACTORS = tuple(2.0 ** (k / 2) for k in range(-32, 9))
+"""Step size factors of the initial search (``2^(k/2)``, ``2^-16`` to 16)."""
+
+
+@partial(jax.jit, static_argnums=(0, 1, 4))
+def initial_step_size(
+    transition: Transition,
+    potential_fn: PotentialFn,
+    x0: Array,
+    step_size: Array,
+    target: float,
+    key: Array,
+) -> Array:
+    """The acceptance curve at the initial positions (identity metric) over
+    :data:`INITIAL_FACTORS` of ``step_size``, and its crossing of ``target``."""
+    factors = jnp.asarray(INITIAL_FACTORS, x0.dtype)
+    accept = acceptance_curve(
+        transition, potential_fn, x0, step_size, None, factors, key
+    )
+    return choose_step_size(step_size, factors, accept, target)
