@@ -75,7 +75,6 @@ def sequential_warmup(transition, potential, x0, key, num_warmup, target):
         transition=transition,
     )
     dim = x0.shape[1]
-    points = jnp.zeros((1, dim), x0.dtype)
 
     def one(x, key):
         key_adapt, key_tape = jax.random.split(key)
@@ -93,7 +92,7 @@ def sequential_warmup(transition, potential, x0, key, num_warmup, target):
                 mass_matrix_sqrt(adapt.inverse_mass_matrix),
             )
             x, info = step(x, tape_t)
-            adapt = adapter.update(t, info.accept_prob, x, adapt, points)
+            adapt = adapter.update(t, info.accept_prob, x, adapt)
             return (x, adapt), info.accept_prob
 
         (x, adapt), _ = jax.lax.scan(body, (x, adapt), (jnp.arange(num_warmup), tape))

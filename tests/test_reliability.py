@@ -74,6 +74,8 @@ def test_data_refilled_in_place_is_read_again():
     data[:] = 10.0
     before = compile_log().ours()
     mcmc.run(jax.random.PRNGKey(0), y=data)
+    # new data of the same shape reuses the compiled programs
+    assert compile_log().ours() == before
     ours = mcmc.get_samples()["mu"]
     stock = StockMCMC(
         DEERMALA(location, block_size=32, method="deer"),
@@ -86,8 +88,6 @@ def test_data_refilled_in_place_is_read_again():
     assert abs(first) < 0.2
     assert abs(float(np.mean(ours)) - 9.995) < 0.2
     np.testing.assert_allclose(ours, stock.get_samples()["mu"], rtol=1e-8)
-    # new data of the same shape reuses the compiled programs
-    assert compile_log().ours() == before
     # the same buffer as another keyword is another model
     mcmc.run(jax.random.PRNGKey(0), z=data)
     assert abs(float(np.mean(mcmc.get_samples()["mu"])) + 9.995) < 0.2
@@ -306,14 +306,10 @@ def test_integer_init_params_are_taken_as_floats():
     assert jnp.issubdtype(mcmc.get_samples()["mu"].dtype, jnp.floating)
 
 
-def test_hessian_window_ends_agree_on_both_paths(monkeypatch):
+def test_hessian_window_ends_agree_on_both_paths():
     """Vectorized chains take the Hessian window end alike on both paths:
     numpyro_deer.MCMC's window-end program between warmup loops, and NumPyro's
-    own loop with the end inside the step, once for all chains (one cond
-    outside vmap, off the CPU; on the CPU the chains are mapped, each with
-    its own cond, the path of one chain, which test_same_draws_as_stock_mcmc
-    compares)."""
-    import numpyro_deer.infer.kernel as kernel_module
+    own loop with the end inside the step (one cond for all chains)."""
 
     def run(driver):
         # the blocks do not matter here: sequential, and few
@@ -335,5 +331,4 @@ def test_hessian_window_ends_agree_on_both_paths(monkeypatch):
         return mcmc.get_samples()["x"]
 
     ours = run(MCMC)
-    monkeypatch.setattr(kernel_module, "on_cpu", lambda: False)
     np.testing.assert_allclose(run(StockMCMC), ours, rtol=1e-7, atol=1e-9)

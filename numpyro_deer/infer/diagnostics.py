@@ -163,7 +163,7 @@ def diagnose(samples: dict) -> RunDiagnostics | None:
     nested = chains >= NESTED_CHAINS
     ess_all, rhat_all, names = [], [], []
     for site, value in arrays.items():
-        x = np.asarray(jax.device_get(value[:, index]), dtype=np.float64)
+        x = np.asarray(value[:, index], dtype=np.float64)
         x = x.reshape(chains, len(index), -1)
         names += _component_names(site, np.shape(value)[2:])
         step = max(1, _BATCH_VALUES // (chains * len(index)))
@@ -237,9 +237,17 @@ def warn_if_unconverged(mcmc, stacklevel: int = 3) -> None:
     The latent sites are those of the last state's sample field (its keys,
     for a model); the constrained draws of those sites are checked.
     """
-    samples = mcmc.get_samples(group_by_chain=True)
+    # the flat draws, copied to the host and split by chain there: NumPyro's
+    # group_by_chain adds the chain axis with one eager operation per site
+    samples = jax.device_get(mcmc.get_samples())
     if not isinstance(samples, dict):
         samples = {"params": samples} if not isinstance(samples, list | tuple) else {}
+    chains = mcmc.num_chains
+    samples = {
+        k: np.reshape(v, (chains, -1) + np.shape(v)[1:])
+        for k, v in samples.items()
+        if np.ndim(v) >= 1 and np.shape(v)[0] % chains == 0
+    }
     field = getattr(mcmc.sampler, "sample_field", "z")
     latent = getattr(mcmc.last_state, field, None)
     if isinstance(latent, dict):

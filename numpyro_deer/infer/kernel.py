@@ -121,6 +121,8 @@ class DEERKernel(MCMCKernel):
         self._potential_fn = potential_fn
         # with a mesh, blocks are DEER solves: nothing to measure
         self._methods = MethodMemory(None if mesh is None else MESH_CHOICE)
+        # the warnings given in the current run (once each; see BlockProgram)
+        self._warned: set[str] = set()
         self._sample_fn: BlockProgram | None = None
 
     # ------------------------------------------------------------ settings
@@ -271,6 +273,7 @@ class DEERKernel(MCMCKernel):
         program's output.
         """
         s = self._settings
+        self._warned.clear()
         vectorized = not is_prng_key(rng_key)
         num_chains = rng_key.shape[0] if vectorized else None
         check_chains(s.kernel, s.mesh, num_chains, rng_key)
@@ -339,6 +342,7 @@ class DEERKernel(MCMCKernel):
             sites_message=partial(
                 non_finite_sites_message, self._model, model_args, model_kwargs
             ),
+            warned=self._warned,
         )
         self._sample_fn = program
         dynamic, static = compile_cache.split_model_args(model_args, model_kwargs)

@@ -64,8 +64,10 @@ class BlockProgram:
             (stock ``MCMC``); :class:`numpyro_deer.MCMC` passes its own.
         sites_message: ``() -> str``, the sites whose log density is not
             finite at the initial values (for the error).
-        warned: the warnings this run gave already (each is given once per
-            run; the only thing in a program that changes).
+        warned: the warnings the kernel's current run gave already (each
+            is given once per run): the kernel's set, cleared by each
+            ``init``, so a sampler NumPyro compiled for an earlier run
+            reports to the current one.
     """
 
     settings: KernelSettings

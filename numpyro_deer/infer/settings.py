@@ -105,7 +105,8 @@ class KernelSettings:
         method: ``"auto"``, ``"deer"`` or ``"sequential"``.
         mesh: the :class:`~numpyro_deer.infer.mesh.TimeMesh` blocks are
             solved over, or ``None``.
-        The others are the kernel's arguments of the same names.
+
+    The other attributes are the kernel's arguments of the same names.
     """
 
     kernel: str
