@@ -11,6 +11,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+# tests of benchmarks/, not of the package: a CI job of their own
+pytestmark = pytest.mark.harness
+
 ROOT = Path(__file__).resolve().parents[1]
 
 

@@ -14,6 +14,9 @@ from pathlib import Path
 
 import pytest
 
+# tests of benchmarks/, not of the package: a CI job of their own
+pytestmark = pytest.mark.harness
+
 ROOT = Path(__file__).resolve().parents[1]
 BENCHMARKS = ROOT / "benchmarks"
 TINY_MODEL = ["--models", "eight_schools", "--warmup", "20"]

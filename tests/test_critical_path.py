@@ -23,6 +23,9 @@ import race  # noqa: E402
 import numpyro_deer  # noqa: E402
 from numpyro_deer import DEERSolver  # noqa: E402
 
+# tests of benchmarks/, not of the package: a CI job of their own
+pytestmark = pytest.mark.harness
+
 TINY = {
     "seed": 0,
     "budget_s": 0.0,  # one segment, then stop

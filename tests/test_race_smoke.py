@@ -18,6 +18,9 @@ import gym_models  # noqa: E402
 import race  # noqa: E402
 import race_samplers  # noqa: E402
 
+# tests of benchmarks/, not of the package: a CI job of their own
+pytestmark = pytest.mark.harness
+
 TINY = {
     "platform": "cpu",
     "seed": 0,
