@@ -16,6 +16,10 @@ import jax
 import jax.numpy as jnp
 from jax import Array
 
+EIGENVALUE_FLOOR = 1e-4
+"""Smallest eigenvalue magnitude of a Hessian mass matrix, relative to the
+largest (:func:`inverse_abs_mean_hessian`)."""
+
 HESSIAN_VECTOR_BUDGET = 4096
 """Most Hessian-vector products one mean Hessian takes: ``K D`` of them with
 ``K`` points, so above ``D = 4096 / 16 = 256`` fewer of the points are used
@@ -97,3 +101,21 @@ def curvature_basis(potential: Callable[[Array], Array], points: Array) -> Array
     """
     _, basis, finite = mean_hessian_eigh(potential, points)
     return jnp.where(finite, basis, jnp.eye(points.shape[-1], dtype=points.dtype))
+
+
+def inverse_abs_mean_hessian(
+    potential: Callable[[Array], Array], points: Array
+) -> tuple[Array, Array]:
+    """``(|H|^{-1}, finite)`` for the mean Hessian ``H`` at ``points``.
+
+    The eigenvalues are taken in absolute value and floored at
+    :data:`EIGENVALUE_FLOOR` times the largest (a metric must be positive
+    definite, and a nearly flat direction must not get an unbounded step);
+    the result is symmetrised. ``finite`` is false where the Hessian is not
+    finite at some point (the matrix is then meaningless).
+    """
+    eigenvalues, vectors, finite = mean_hessian_eigh(potential, points)
+    magnitude = jnp.abs(eigenvalues)
+    magnitude = jnp.maximum(magnitude, EIGENVALUE_FLOOR * jnp.max(magnitude))
+    inverse = (vectors / magnitude) @ vectors.T
+    return 0.5 * (inverse + inverse.T), finite

@@ -19,13 +19,9 @@ import jax
 import jax.numpy as jnp
 from jax import Array
 
-from .hessian import mean_hessian_eigh
+from .hessian import inverse_abs_mean_hessian
 from .metric import solve_sqrt, whiten
 from .transition import PotentialFn, Transition, make_step_fn
-
-EIGENVALUE_FLOOR = 1e-4
-"""Smallest eigenvalue magnitude of the mean Hessian kept, relative to the
-largest (the Hessian metric)."""
 
 
 def acceptance_curve(
@@ -97,14 +93,11 @@ def pooled_inverse_mass(draws: Array, dense: bool) -> Array:
 
 
 def hessian_inverse_mass(potential_fn: PotentialFn, points: Array) -> Array:
-    """``|H|^{-1}`` with ``H`` the mean Hessian at ``points`` (eigenvalues in
-    absolute value, floored at :data:`EIGENVALUE_FLOOR` times the largest);
-    not finite when the Hessian is not."""
-    eigenvalues, vectors, finite = mean_hessian_eigh(potential_fn, points)
-    magnitude = jnp.abs(eigenvalues)
-    magnitude = jnp.maximum(magnitude, EIGENVALUE_FLOOR * jnp.max(magnitude))
-    inverse = (vectors / magnitude) @ vectors.T
-    return jnp.where(finite, 0.5 * (inverse + inverse.T), jnp.nan)
+    """``|H|^{-1}`` with ``H`` the mean Hessian at ``points``
+    (:func:`~numpyro_deer.core.hessian.inverse_abs_mean_hessian`); NaN where
+    the Hessian is not finite."""
+    inverse, finite = inverse_abs_mean_hessian(potential_fn, points)
+    return jnp.where(finite, inverse, jnp.nan)
 
 
 def spread(points: Array, count: int) -> Array:

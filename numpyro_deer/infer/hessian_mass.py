@@ -17,7 +17,7 @@ is a full-rank estimate of the posterior precision (exact for a Gaussian), the
 the metric ``M`` the mean curvature is the identity, so one step size suits
 every direction. Where ``U`` is not convex the eigenvalues are taken in
 absolute value (as in Betancourt's SoftAbs metric, 2013) and floored at
-:data:`EIGENVALUE_FLOOR` times the largest one.
+:data:`~numpyro_deer.core.hessian.EIGENVALUE_FLOOR` times the largest one.
 
 :func:`hessian_mass` plugs this into NumPyro's ``warmup_adapter`` (run
 without a mass matrix estimate of its own): at the end of each middle window
@@ -38,10 +38,8 @@ from jax import Array
 from numpyro.infer.hmc_util import build_adaptation_schedule
 
 from ..core.certificate import tree_where
-from ..core.hessian import mean_hessian_eigh
-
-EIGENVALUE_FLOOR = 1e-4
-"""Smallest eigenvalue of the mean Hessian kept, relative to the largest."""
+from ..core.hessian import EIGENVALUE_FLOOR as EIGENVALUE_FLOOR
+from ..core.hessian import inverse_abs_mean_hessian
 
 MAX_HESSIAN_DIM = 512
 """Largest latent dimension for which the ``"auto"`` settings use the mean
@@ -78,12 +76,8 @@ def hessian_inverse_mass(
     when the Hessian is not finite at some point; the matrices are then
     meaningless.
     """
-    eigenvalues, vectors, finite = mean_hessian_eigh(potential, points)
-    eye = jnp.eye(vectors.shape[-1], dtype=vectors.dtype)
-    magnitude = jnp.abs(eigenvalues)
-    magnitude = jnp.maximum(magnitude, EIGENVALUE_FLOOR * jnp.max(magnitude))
-    inverse = (vectors / magnitude) @ vectors.T
-    inverse = 0.5 * (inverse + inverse.T)
+    inverse, finite = inverse_abs_mean_hessian(potential, points)
+    eye = jnp.eye(inverse.shape[-1], dtype=inverse.dtype)
     # NumPyro's factorisation of a dense inverse mass matrix (hmc_util)
     sqrt_inv = jnp.swapaxes(
         jnp.linalg.cholesky(inverse[::-1, ::-1])[::-1, ::-1], -2, -1
