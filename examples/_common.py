@@ -89,15 +89,17 @@ def sample_and_report(kernel, args: argparse.Namespace, *model_args, **model_kwa
     mcmc.print_summary()
 
     fields = mcmc.get_extra_fields(group_by_chain=True)
-    # one value per block: the draws of a block share its solve's fields
-    per_block = np.asarray(fields["newton_iterations"])[:, :: args.block_size]
-    converged = np.asarray(fields["deer_converged"])[:, :: args.block_size]
+    # one value per block: the draws of a block share its solve's fields (the
+    # run's blocks: block_size fitted to num_samples)
+    size = kernel.program.block_size
+    per_block = np.asarray(fields["newton_iterations"])[:, ::size]
+    converged = np.asarray(fields["deer_converged"])[:, ::size]
     method = kernel.method_chosen  # what method="auto" chose, or the method
     print(f"devices: {jax.devices()}")
     print(
         f"{args.num_chains} x {args.num_samples} draws in {elapsed:.1f} s "
         f"(compilation included), method={method}, "
-        f"block_size={args.block_size}"
+        f"blocks of {size}"
     )
     if method == "deer":
         print(
