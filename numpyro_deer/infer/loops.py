@@ -121,15 +121,14 @@ def loop_fns(program, method: str, settings: LoopSettings) -> LoopFns:
     both methods after one warmup), so a second ``MCMC`` object for the same
     model, settings and shapes compiles none of them again.
     """
+    traced = _Traced(program, settings)
     warm = compile_cache.cached(
-        ("warmup", program.key(None), settings),
-        lambda: _warmup_fns(_Traced(program, settings)),
+        ("warmup", program.key(None), settings), lambda: _warmup_fns(traced)
     )
     block = compile_cache.cached(
         ("blocks", program.key(method), settings),
-        lambda: _block_fns(_Traced(program, settings), method),
+        lambda: _block_fns(traced, method),
     )
-    traced = _Traced(program, settings)
     return LoopFns(
         warmup=warm[0],
         step_size=warm[1],
