@@ -22,4 +22,20 @@ race)
     timeout 150 python3 benchmarks/race.py --platform cpu --quick --targets eight_schools --samplers nuts_diag:16 --budget-seconds 15 --grace-seconds 40 --out "$out/race_cpu_nuts"
     timeout 420 python3 benchmarks/race.py --platform gpu --quick --targets eight_schools --samplers ${SAMPLERS:-deerhmc:256,1024 hmc_seq:256 deer:256 nuts_diag:256 chees:256} --budget-seconds 15 --grace-seconds 40 --out "$out/race_gpu"
     ;;
+competitors)
+    # every competitor but the DEER rows, on TARGETS (default: the Gym's)
+    targets="${TARGETS:-gym_eight_schools gym_brownian_motion_missing_middle gym_synthetic_irt gym_ill_conditioned_gaussian}"
+    budget="${BUDGET:-10}"
+    timeout 240 python3 benchmarks/race.py --platform cpu --quick --targets $targets --samplers nuts_diag:16 --budget-seconds "$budget" --grace-seconds 30 --out "$out/race_cpu_nuts"
+    timeout 600 python3 benchmarks/race.py --platform gpu --quick --targets $targets --samplers ${SAMPLERS:-nuts_diag:256 nuts_dense:256 chees:256 meads:256 adjusted_mclmc:256 hmc_seq:256} --budget-seconds "$budget" --grace-seconds 30 --out "$out/race_gpu_competitors"
+    ;;
+numpyro020)
+    # NumPyro issue 2225: vectorized NUTS on the GPU with the image's NumPyro
+    # and with 0.20.0 (carried as a wheel in .whl020)
+    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site020 .whl020/*.whl
+    for site in "" /tmp/site020; do
+        PYTHONPATH="${site:+$site:}$PYTHONPATH" python3 -c 'import numpyro; print("numpyro", numpyro.__version__)'
+        PYTHONPATH="${site:+$site:}$PYTHONPATH" timeout 150 python3 benchmarks/race.py --platform gpu --quick --targets gym_eight_schools --samplers nuts_diag:256 --budget-seconds 10 --grace-seconds 30 --out "$out/race_numpyro${site:+020}"
+    done
+    ;;
 esac
