@@ -18,7 +18,7 @@ from benchmarks.models import gaussian_mean_model
 from numpyro_deer import DEERMALA, MCMC
 from numpyro_deer.infer import chains, memory
 
-from .helpers import gaussian_data
+from .helpers import compile_log, gaussian_data
 
 CHAINS = 7  # groups of 3 leave a remainder: 3 groups of 3, two slots repeated
 
@@ -59,6 +59,7 @@ def _fake_free(monkeypatch, free):
 
 
 def test_chains_that_do_not_fit_are_solved_in_groups(accelerator_chains, monkeypatch):
+    compile_log()  # listening from the first compile on
     measured = accelerator_chains
     whole = _run()  # the CPU reports no free memory: nothing checked
     assert measured == []
@@ -82,6 +83,14 @@ def test_chains_that_do_not_fit_are_solved_in_groups(accelerator_chains, monkeyp
     assert measured[-1] <= budget
     # the chains do not interact: the same draws, group by group
     np.testing.assert_allclose(grouped, whole, rtol=1e-10, atol=0)
+
+    # a second run plans again from the programs compiled by the first: it
+    # compiles nothing, warns again, and gives the same draws
+    compiles = dict(compile_log().ours())
+    with pytest.warns(UserWarning, match=rf"in {groups} groups of {size} chains"):
+        again = _run()
+    assert dict(compile_log().ours()) == compiles
+    np.testing.assert_array_equal(again, grouped)
 
 
 def test_one_chain_that_does_not_fit_raises(accelerator_chains, monkeypatch):
