@@ -207,8 +207,8 @@ def chain_groups_message(
         f"{kernel}: the block of all {num_chains} vectorized chains needs about "
         f"{_size(required)} of device memory, but the device has {_size(free)} "
         f"free. The chains are solved in {plan.groups} groups of {plan.size} "
-        f"chains, one group after the other ({per_group} per group's block, "
-        f"of {_size(free)} free); the block size is kept. A smaller block_size "
+        f"chains, one group after the other: {per_group} per group's block, of "
+        f"the {_size(free)} free. The block size is kept; a smaller block_size "
         "solves more chains at once."
     )
 
