@@ -15,8 +15,12 @@ def on_cpu() -> bool:
     return jax.default_backend() == "cpu"
 
 
-def map_chains(fn: Callable, state: Any) -> Any:
+def map_chains(fn: Callable, state: Any, group: int | None = None) -> Any:
     """``fn`` over the leading chain axis: ``vmap``, or ``lax.map`` on the CPU.
+
+    With ``group``, ``vmap`` over groups of at most ``group`` chains and
+    ``lax.map`` over the groups (:func:`map_chain_groups`): what a device
+    holds at once is one group's, not every chain's.
 
     On the CPU, batched LAPACK kernels (Cholesky, ``eigh``, triangular solves
     of a dense mass matrix, one per chain) split their batch over XLA's
@@ -28,6 +32,8 @@ def map_chains(fn: Callable, state: Any) -> Any:
     """
     if on_cpu():
         return jax.lax.map(fn, state)
+    if group is not None:
+        return map_chain_groups(fn, state, group)
     return jax.vmap(fn)(state)
 
 
@@ -85,3 +91,32 @@ def check_initial_potential(potential_energy) -> None:
             "finite. Check the model's data and priors, or pass valid "
             "`init_params` (unconstrained values) or another `init_strategy`."
         )
+
+
+def map_chain_groups(fn: Callable, state: Any, group: int) -> Any:
+    """``fn`` over the leading chain axis, ``vmap`` within groups of chains and
+    ``lax.map`` over the groups, one after the other.
+
+    ``C`` chains make ``n = ceil(C / group)`` groups of ``g = ceil(C / n) <=
+    group`` chains each (as even as ``n`` groups can be); the ``n g - C``
+    slots left over in the last group repeat the first chains, and their
+    results are dropped. Each chain's result is the one ``vmap`` over all
+    chains gives: the chains do not interact.
+    """
+    chains = jax.tree.leaves(state)[0].shape[0]
+    groups = -(-chains // group)
+    if groups <= 1:
+        return jax.vmap(fn)(state)
+    size = -(-chains // groups)
+    pad = groups * size - chains
+
+    def split(x):
+        if pad:
+            x = jnp.concatenate([x, x[:pad]])
+        return x.reshape((groups, size) + x.shape[1:])
+
+    def join(y):
+        return y.reshape((groups * size,) + y.shape[2:])[:chains]
+
+    out = jax.lax.map(jax.vmap(fn), jax.tree.map(split, state))
+    return jax.tree.map(join, out)

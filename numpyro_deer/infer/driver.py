@@ -194,8 +194,9 @@ class MCMC(numpyro.infer.MCMC):
             self.postprocess_fn,
         )
 
-        def fns(method):
-            return loops.loop_fns(program, method, settings)
+        def fns(method, chain_group=None):
+            grouped = memory.with_chain_group(program, chain_group)
+            return loops.loop_fns(grouped, method, settings)
 
         method = kernel_method(kernel)
         with translate_tracer_errors():
@@ -290,6 +291,58 @@ class MCMC(numpyro.infer.MCMC):
         )
         checked.add(name)
 
+    def _fit_block_memory(self, run: HostRun, name: str, compiled, checked: set):
+        """The block program ``name`` to run: ``compiled`` if it fits the
+        device's free memory (:meth:`_check_block_memory`), else, for
+        vectorized chains, the same block solved in groups of chains, the
+        largest that fits (:func:`~.memory.plan_chain_group`), with a warning.
+
+        Raises ``ValueError`` (the memory check's) where even one chain's
+        block does not fit, or the chains are not vectorized.
+        """
+        try:
+            self._check_block_memory(name, compiled, checked)
+            return compiled
+        except ValueError:
+            kernel = self.sampler
+            required = memory.compiled_bytes(compiled)
+            free = memory.free_device_bytes()
+            chains = self.num_chains
+            if (
+                not run.batched
+                or kernel.mesh is not None
+                or chains < 2
+                or required is None
+                or free is None
+            ):
+                raise
+        # the arguments the program was lowered with (shapes and dtypes)
+        args = jax.tree.map(
+            lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, weak_type=a.weak_type),
+            compiled.in_avals[0],
+        )
+
+        def compile_group(group):
+            return run.fns(name, group).block_step.lower(*args).compile()
+
+        label = type(kernel).__name__
+        plan = memory.plan_chain_group(
+            required,
+            free,
+            chains,
+            compile_group,
+            kernel.program.block_size,
+            kernel=label,
+            multiple=kernel.block_multiple,
+        )
+        if kernel.program.first_warning(f"chain groups {name}"):
+            warnings.warn(
+                memory.chain_groups_message(label, chains, required, free, plan),
+                UserWarning,
+                stacklevel=2,
+            )
+        return plan.compiled
+
     def _warmup_range(self, state, upper: int) -> tuple[int, int]:
         """``(first, steps)``: the iteration count this ``run`` starts from,
         and how many of its loop iterations are warmup steps."""
@@ -375,7 +428,7 @@ class MCMC(numpyro.infer.MCMC):
             programs = Programs(
                 lowered,
                 progress,
-                partial(self._check_block_memory, checked=checked),
+                partial(self._fit_block_memory, run, checked=checked),
                 placed=kernel.mesh is not None,
             )
             if run.init is not None:

@@ -45,7 +45,8 @@ class Programs:
             soon as its program is lowered.
         progress: the run's progress bar; says what the run waits for.
         check_memory: ``check_memory(name, compiled)`` for a block program,
-            called once before it first runs (raises if it does not fit).
+            called once before it first runs: the program to run (the same,
+            or one that fits the device's memory), or raises if none fits.
         placed: over a mesh, put each call's arguments where the compiled
             program expects them (a program's outputs can come back with
             other shardings than it was compiled for).
@@ -75,7 +76,7 @@ class Programs:
                 self._progress.compiling(_STAGES.get(name, f"{name} blocks"))
             compiled = self._compiling[name].result()
             if name not in _STAGES:
-                self._check_memory(name, compiled)
+                compiled = self._check_memory(name, compiled)
             self._compiled[name] = compiled
         return self._compiled[name]
 
@@ -91,8 +92,9 @@ class HostRun(NamedTuple):
 
     Attributes:
         kernel: the block kernel (:class:`~numpyro_deer.infer.protocol.BlockKernel`).
-        fns: ``fns(method)``, the run's loop functions with blocks by
-            ``method`` (:class:`~.loops.LoopFns`).
+        fns: ``fns(method, chain_group=None)``, the run's loop functions
+            with blocks by ``method`` (:class:`~.loops.LoopFns`), vectorized
+            chains solved in groups of ``chain_group`` if given.
         init: the initial state's program if the run computes it
             (:class:`~numpyro_deer.infer.kernel.InitProgram`), else ``None``.
         plan: the warmup plan (:class:`WarmupPlan`).

@@ -8,6 +8,13 @@ block step once ahead of time, reads the compiled program's memory analysis,
 and compares it with what the device reports free. Devices that report no
 memory statistics (the CPU) are not checked.
 
+Vectorized chains (``chain_method="vectorized"``) multiply a block's memory
+by the chain count. Where the block of all chains does not fit but that of
+one chain does, :func:`plan_chain_group` picks the largest group of chains
+that fits, measured on the compiled program: the block is solved ``vmap``-ped
+within a group and group after group (``lax.map``), with the block size the
+user chose. Only where one chain alone does not fit does the check raise.
+
 One array comes earlier: the kernel's buffer of a block's draws, ``B x D``
 per chain, is part of the state ``init`` returns, so :func:`check_buffer_memory`
 compares its size with the free memory before ``init`` allocates it (a buffer
@@ -16,6 +23,11 @@ could be compiled and checked).
 """
 
 from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import jax
 import numpy as np
@@ -68,8 +80,8 @@ def check_block_memory(
     suggestion = int(block_size * free / required * 0.8)
     suggestion = max(multiple, suggestion - suggestion % multiple)
     raise ValueError(
-        f"{kernel}(block_size={block_size}) needs about {required / _GIB:.2f} GiB "
-        f"of device memory {what}, but the device has {free / _GIB:.2f} GiB "
+        f"{kernel}(block_size={block_size}) needs about {_size(required)} "
+        f"of device memory {what}, but the device has {_size(free)} "
         f"free. Set block_size={suggestion} or smaller."
     )
 
@@ -101,3 +113,119 @@ def check_buffer_memory(
         kernel=kernel,
         multiple=multiple,
     )
+
+
+FILL = 0.9
+"""Fraction of the free memory a group of chains is planned to take (the
+measured memory is only about linear in the group size)."""
+
+MAX_COMPILES = 3
+"""Block programs :func:`plan_chain_group` compiles at most."""
+
+
+class ChainGroups(NamedTuple):
+    """A block of vectorized chains solved in groups (:func:`plan_chain_group`).
+
+    Attributes:
+        size: chains per group (``vmap``).
+        groups: groups, solved one after the other (``lax.map``).
+        required: bytes of the compiled program with groups of ``size``.
+        compiled: that compiled program.
+    """
+
+    size: int
+    groups: int
+    required: int | None
+    compiled: Any
+
+
+def group_size(num_chains: int, group: int) -> int:
+    """The group size :func:`~.chains.map_chain_groups` uses for groups of at
+    most ``group`` chains: ``ceil(C / n)`` with ``n = ceil(C / group)`` groups."""
+    return -(-num_chains // -(-num_chains // group))
+
+
+def plan_chain_group(
+    required: int,
+    free: int,
+    num_chains: int,
+    compile_group: Callable[[int], Any],
+    block_size: int,
+    kernel: str = "DEERMALA",
+    multiple: int = 1,
+) -> ChainGroups:
+    """The largest group of chains whose block fits ``free`` bytes.
+
+    ``required`` is the block program's memory with all ``num_chains`` chains
+    at once (more than ``free``); ``compile_group(g)`` compiles the block in
+    groups of ``g`` chains. Memory is about linear in the group size, ``a +
+    b g`` (``a``: the arguments of every chain, the collection of draws; ``b
+    g``: a group's solve). The first guess takes ``a = 0`` (``b = required /
+    C``) and aims at :data:`FILL` of ``free``; each compile measures a point
+    of the line, and a guess that does not fit is refined on the line through
+    the last two points. Groups of one chain are the last resort; at most
+    :data:`MAX_COMPILES` programs are compiled.
+
+    Raises:
+        ValueError: a block of one chain does not fit either
+            (:func:`check_block_memory`'s message, with its ``block_size``).
+    """
+    points = [(num_chains, required)]
+    guess = math.floor(num_chains * FILL * free / required)
+    for attempt in range(MAX_COMPILES):
+        last = attempt == MAX_COMPILES - 1
+        g = 1 if last else group_size(num_chains, min(max(guess, 1), num_chains - 1))
+        compiled = compile_group(g)
+        used = compiled_bytes(compiled)
+        groups = -(-num_chains // g)
+        if used is None or used <= free:
+            return ChainGroups(g, groups, used, compiled)
+        if g == 1:
+            check_block_memory(
+                used,
+                free,
+                block_size,
+                what=f"per block with one of its {num_chains} vectorized chains "
+                "at a time",
+                kernel=kernel,
+                multiple=multiple,
+            )
+        points.append((g, used))
+        (g0, b0), (g1, b1) = points[-2], points[-1]
+        slope = (b0 - b1) / (g0 - g1) if b0 > b1 else b1 / g1
+        guess = math.floor((FILL * free - (b1 - slope * g1)) / slope)
+        guess = min(guess, g - 1)  # below 1: the line says one chain does not fit
+    raise AssertionError("unreachable: the last attempt is a group of one")
+
+
+def chain_groups_message(
+    kernel: str, num_chains: int, required: int, free: int, plan: ChainGroups
+) -> str:
+    """The warning of a block solved in groups of chains."""
+    per_group = "an unknown amount" if plan.required is None else _size(plan.required)
+    return (
+        f"{kernel}: the block of all {num_chains} vectorized chains needs about "
+        f"{_size(required)} of device memory, but the device has {_size(free)} "
+        f"free. The chains are solved in {plan.groups} groups of {plan.size} "
+        f"chains, one group after the other: {per_group} per group's block, of "
+        f"the {_size(free)} free. The block size is kept; a smaller block_size "
+        "solves more chains at once."
+    )
+
+
+def with_chain_group(program, group: int | None):
+    """A copy of a block program (:class:`~.program.BlockProgram`) whose
+    vectorized chains are solved in groups of ``group`` (``None``: all at
+    once): its settings' ``chain_group``, part of its compile-cache key."""
+    if program.settings.chain_group == group:
+        return program
+    settings = dataclasses.replace(program.settings, chain_group=group)
+    return dataclasses.replace(program, settings=settings)
+
+
+def _size(n: int) -> str:
+    """Bytes in GiB, MiB or KiB, whichever reads best."""
+    for unit, scale in (("GiB", _GIB), ("MiB", 2.0**20), ("KiB", 2.0**10)):
+        if n >= scale:
+            return f"{n / scale:.2f} {unit}"
+    return f"{n} bytes"

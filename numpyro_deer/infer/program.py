@@ -354,9 +354,12 @@ class BlockProgram:
 
     def _map_chains(self, fn, state):
         """``fn`` over the chains: split over the mesh's chain axis with a
-        mesh (:meth:`~.mesh.TimeMesh.map_chains`), else :func:`~.chains.map_chains`."""
-        mesh = self.settings.mesh
-        return map_chains(fn, state) if mesh is None else mesh.map_chains(fn, state)
+        mesh (:meth:`~.mesh.TimeMesh.map_chains`), else :func:`~.chains.map_chains`
+        (in groups of ``settings.chain_group`` chains, if set)."""
+        s = self.settings
+        if s.mesh is not None:
+            return s.mesh.map_chains(fn, state)
+        return map_chains(fn, state, s.chain_group)
 
     # ------------------------------------------------------ compiled
     def compiled_initial(self, static, vectorized: bool, search: Callable | None):

@@ -105,6 +105,12 @@ class KernelSettings:
         method: ``"auto"``, ``"deer"`` or ``"sequential"``.
         mesh: the :class:`~numpyro_deer.infer.mesh.TimeMesh` blocks are
             solved over, or ``None``.
+        chain_group: vectorized chains solved side by side in a block:
+            ``None`` all of them, else groups of this many, one group after
+            the other (:func:`~numpyro_deer.infer.chains.map_chains`). Not a
+            kernel argument: :class:`numpyro_deer.MCMC` sets it on a copy of
+            the run's program when the block of all chains does not fit the
+            device (:func:`~numpyro_deer.infer.memory.plan_chain_group`).
 
     The other attributes are the kernel's arguments of the same names.
     """
@@ -123,6 +129,7 @@ class KernelSettings:
     on_failure: str
     validate_model: bool
     mesh: TimeMesh | None
+    chain_group: int | None = None
 
     def key(self, blocks: bool = True) -> tuple:
         """The settings the kernel's programs depend on: with ``blocks``
@@ -139,5 +146,6 @@ class KernelSettings:
             self.dense_mass,
             self.target_accept_prob,
             self.mesh,
+            self.chain_group,
         )
         return common + ((self.solver, self.on_failure) if blocks else ())
