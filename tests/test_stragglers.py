@@ -166,3 +166,63 @@ def test_more_stragglers_than_capacity_go_in_groups():
 def test_capacity_out_of_range_names_the_argument():
     with pytest.raises(ValueError, match=r"batched_deer_solve\(capacity=9\).*\[1, 8\]"):
         _solve(SOLVER, 9, _problem([5]))
+
+
+def test_refill_blocks_gives_each_chain_its_refill_block():
+    # the kernel's vectorized refill through the batched solve (the path taken
+    # where chains are vmapped): every chain's block, key and report are those
+    # of its own refill_block
+    from jax.flatten_util import ravel_pytree
+
+    from numpyro_deer.infer.block import refill_block, refill_blocks
+    from numpyro_deer.infer.initial import initial_state
+    from numpyro_deer.infer.warmup import build_adapter
+
+    solver = DEERSolver(jacobian="diag", sweep=0, solve_basis="whitened")
+    settings = dict(solver=solver, on_failure="warn", transition=MALA())
+
+    def potential_flat(x):
+        return _potential(x)
+
+    def ravel(z):
+        return ravel_pytree(z)[0]
+
+    adapter = build_adapter(
+        potential_flat,
+        10,
+        mass_adaptation=False,
+        dense_mass=False,
+        adapt_step_size=False,
+        target_accept_prob=0.8,
+        transition=MALA(),
+    )
+    step_size, x0, _, _ = _problem([2])
+
+    def start(x, eps, key):
+        state = initial_state({"x": x}, key, potential_flat, adapter.init, 1.0, T)
+        return state._replace(adapt_state=state.adapt_state._replace(step_size=eps))
+
+    states = jax.vmap(start)(x0, step_size, jax.random.split(jax.random.PRNGKey(3), C))
+    batched = jax.jit(
+        lambda s: refill_blocks(s, potential_flat, ravel, capacity=1, **settings)
+    )(states)
+    alone = jax.jit(
+        jax.vmap(
+            lambda s: refill_block(
+                s, potential_flat, ravel, method="deer", mesh=None, **settings
+            )
+        )
+    )(states)
+    assert_allclose(batched.block.z, alone.block.z, **MATCH)
+    assert_allclose(batched.block.accept_prob, alone.block.accept_prob, atol=1e-6)
+    assert_array_equal(batched.rng_key, alone.rng_key)
+    for field in ("iterations", "solves", "result", "front"):
+        assert_array_equal(
+            getattr(batched.block.info, field), getattr(alone.block.info, field)
+        )
+    iterations = np.asarray(alone.block.info.iterations)
+    assert (
+        int(batched.block.info.batch_iterations[0]),
+        int(batched.block.info.straggler_iterations[0]),
+    ) == _replay(iterations, 1)
+    assert int(batched.block.info.batch_iterations[0]) < iterations.max()
