@@ -17,11 +17,21 @@ blocks (each its own step, tape and start) in two phases:
    scattered back. With more stragglers than ``capacity``, groups follow one
    another.
 
-The whole batch thus pays about ``patience`` times a typical chain's
-iterations, or the iterations by which all but ``capacity`` chains have
-stopped, whichever comes first; the hardest chains finish on a batch a
-``C / capacity``-th of its size. A chain's own iterations are those of its
-solve alone: each chain runs the same state machine as
+The whole batch thus pays at most about ``patience`` times a typical chain's
+iterations (the median chain's, which is about what one chain alone needs),
+or the iterations by which all but ``capacity`` chains have stopped, if that
+comes sooner; the hardest chains finish on a batch of ``capacity`` chains.
+Why this rule: where many chains times a long block make an iteration
+throughput-bound (a GPU full of work), an iteration of the small batch costs
+about ``capacity / C`` of one over the whole batch, so a long tail of a few
+chains costs little there, while waiting on the whole batch for it costs the
+tail's length in full-batch iterations. The two conditions bound the latter
+from both sides: a thin tail (few slow chains) ends the phase as soon as it
+fits the small batch, a fat one (many slow chains) after ``patience`` times
+the median.
+
+**Exactness.** A chain's own iterations are those of its solve alone: each
+chain runs the same state machine as
 :func:`~numpyro_deer.core.newton.solve_loop` (solves of at most ``max_iter``
 iterations restarting at the front; stop on convergence, a solve without
 progress, a non-finite iterate or ``max_solves`` solves), flattened to one
@@ -29,10 +39,10 @@ Newton iteration per trip, so its iterates, front, certificate and result
 code are those of :func:`~numpyro_deer.core.deer_solve` on its tape, in
 whichever phase it finishes.
 
-Costs: the phase switch gathers and scatters the stragglers' carries and
-tapes (a ``capacity / C`` share of the batch's), and the straggler phase runs
-its own ``while_loop``, so a batch whose chains all converge together pays a
-few small copies and nothing else.
+Costs: the gather and scatter of the stragglers' carries and tapes (a
+``capacity / C`` share of the batch's) once per group, and a second loop in
+the program; a batch whose chains all stop in the first phase pays neither
+copy.
 """
 
 from __future__ import annotations
