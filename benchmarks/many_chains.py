@@ -12,7 +12,8 @@ phase*, ``C * blocks * B`` draws.
 Columns: ``draws_per_s`` (all chains), ``min_ess`` (smallest over the latent
 sites' components, ``benchmarks/common.py``'s ``min_ess`` over all chains),
 ``ess_per_s``, ``newton_iterations`` (mean over blocks of the slowest chain's
-iterations), ``batch_iterations`` and ``straggler_iterations`` (mean over
+iterations), ``median_chain_iterations`` (the same of the median chain's),
+``batch_iterations`` and ``straggler_iterations`` (mean over
 blocks of the iterations the loop over all chains ran and of those the small
 batch of unconverged chains ran after it: ``NewtonInfo.batch_iterations``,
 ``straggler_iterations``; per block in the JSON), ``converged`` (fraction of
@@ -140,6 +141,7 @@ def measure(model: str, kernel_name: str, chains: int, B: int, ns) -> dict:
         "min_ess": ess["min_ess"],
         "ess_per_s": ess["min_ess"] / seconds,
         "newton_iterations": float(its.max(0).mean()),
+        "median_chain_iterations": float(np.median(its, axis=0).mean()),
         "batch_iterations": float(batch_its.mean()),
         "straggler_iterations": float(straggler_its.mean()),
         "batch_iterations_per_block": batch_its.tolist(),
@@ -225,6 +227,7 @@ def main(argv=None) -> list[dict]:
                 ("min_ess", "min ESS", ".3g"),
                 ("ess_per_s", "ESS/s", ".3g"),
                 ("newton_iterations", "Newton its", ".3g"),
+                ("median_chain_iterations", "median its", ".3g"),
                 ("batch_iterations", "batch its", ".3g"),
                 ("straggler_iterations", "straggler its", ".3g"),
                 ("converged", "conv.", ".2f"),
