@@ -12,12 +12,32 @@ phase*, ``C * blocks * B`` draws.
 Columns: ``draws_per_s`` (all chains), ``min_ess`` (smallest over the latent
 sites' components, ``benchmarks/common.py``'s ``min_ess`` over all chains),
 ``ess_per_s``, ``newton_iterations`` (mean over blocks of the slowest chain's
-iterations), ``converged`` (fraction of chain-blocks whose solve passed), and
+iterations), ``median_chain_iterations`` (the same of the median chain's),
+``batch_iterations`` and ``straggler_iterations`` (mean over
+blocks of the iterations the loop over all chains ran and of those the small
+batch of unconverged chains ran after it: ``NewtonInfo.batch_iterations``,
+``straggler_iterations``; per block in the JSON), ``converged`` (fraction of
+chain-blocks whose solve passed), and
 the gradient counts of ``benchmarks/race.py`` for the timed run
 (``gradients``, ``critical_path_gradients``, ``scan_levels``) with
-``critical_path_per_draw`` (critical path over draws per chain).
+``critical_path_per_draw`` (critical path over draws per chain; these
+counts assume every chain pays the slowest chain's iterations, the plain
+``vmap``).
+
+``--stragglers`` picks how vectorized chains are solved: ``auto`` as the
+kernel does (the unconverged chains set apart where the chains are
+``vmap``-ped, i.e. not on the CPU), ``on`` that path on any backend (to try it
+on the CPU at tiny sizes), ``off`` the plain ``vmap`` of every chain's solve
+(the comparison; on the CPU ``lax.map``).
 
     PYTHONPATH=. python3 benchmarks/many_chains.py --size tiny
+    PYTHONPATH=. python3 benchmarks/many_chains.py --size tiny --stragglers on \\
+        --models eight_schools --chains 8
+    # the GPU comparison, eight schools, blocks of 1,024:
+    PYTHONPATH=. python3 benchmarks/many_chains.py --models eight_schools \\
+        --chains 1 1024 --block-sizes 1024 --stragglers off --json $OUT/off.json
+    PYTHONPATH=. python3 benchmarks/many_chains.py --models eight_schools \\
+        --chains 1 1024 --block-sizes 1024 --stragglers auto --json $OUT/on.json
     PYTHONPATH=. python3 benchmarks/many_chains.py --models eight_schools \\
         --chains 1 16 256 1024 4096 --block-sizes 256 1024 --json $OUT/mc.json
 """
@@ -47,6 +67,22 @@ SIZES = {
 }
 
 
+def set_stragglers(mode: str) -> None:
+    """How the kernel's vectorized refill solves the chains, for this process:
+    ``auto`` leaves the kernel's choice; ``on``/``off`` fix the internal
+    ``stragglers`` argument of ``BlockProgram.refill``."""
+    from functools import partialmethod
+
+    from numpyro_deer.infer.program import BlockProgram
+
+    refill = getattr(BlockProgram.refill, "_original", BlockProgram.refill)
+    if mode != "auto":
+        patched = partialmethod(refill, stragglers=mode == "on")
+        patched._original = refill
+        refill = patched
+    BlockProgram.refill = refill
+
+
 def measure(model: str, kernel_name: str, chains: int, B: int, ns) -> dict:
     import _counts
     import common
@@ -66,7 +102,12 @@ def measure(model: str, kernel_name: str, chains: int, B: int, ns) -> dict:
         chain_method="vectorized" if chains > 1 else "sequential",
         progress_bar=False,
     )  # fmt: skip
-    extra = ("newton_iterations", "block.info.front")
+    extra = (
+        "newton_iterations",
+        "block.info.front",
+        "block.info.batch_iterations",
+        "block.info.straggler_iterations",
+    )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", numpyro_deer.DEERConvergenceWarning)
         mcmc.warmup(jax.random.PRNGKey(ns.seed), *args, **kwargs)
@@ -82,6 +123,10 @@ def measure(model: str, kernel_name: str, chains: int, B: int, ns) -> dict:
     fields = mcmc.get_extra_fields(group_by_chain=True)
     its = np.asarray(fields["newton_iterations"])[:, ::B]
     fronts = np.asarray(fields["block.info.front"])[:, ::B]
+    # per block: the loop over all chains, then the straggler batch
+    batch_its = np.asarray(fields["block.info.batch_iterations"])[:, ::B].max(0)
+    straggler_its = np.asarray(fields["block.info.straggler_iterations"])[:, ::B]
+    straggler_its = straggler_its.max(0)
     dim = sum(int(np.size(v)) for v in jax.tree.leaves(mcmc.last_state.z)) // chains
     counts = _counts.deer_kernel_blocks(kernel, its, fronts, dim)
     draws = chains * blocks * B
@@ -96,6 +141,12 @@ def measure(model: str, kernel_name: str, chains: int, B: int, ns) -> dict:
         "min_ess": ess["min_ess"],
         "ess_per_s": ess["min_ess"] / seconds,
         "newton_iterations": float(its.max(0).mean()),
+        "median_chain_iterations": float(np.median(its, axis=0).mean()),
+        "batch_iterations": float(batch_its.mean()),
+        "straggler_iterations": float(straggler_its.mean()),
+        "batch_iterations_per_block": batch_its.tolist(),
+        "straggler_iterations_per_block": straggler_its.tolist(),
+        "stragglers": ns.stragglers,
         "converged": float(np.mean(fronts >= B)),
         **counts.as_dict(),
         "critical_path_per_draw": counts.critical_path_gradients / (blocks * B),
@@ -103,7 +154,9 @@ def measure(model: str, kernel_name: str, chains: int, B: int, ns) -> dict:
 
 
 def main(argv=None) -> list[dict]:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--size", choices=tuple(SIZES), default="tiny")
     parser.add_argument("--models", nargs="+", choices=MODELS, default=list(MODELS))
     parser.add_argument("--kernels", nargs="+", choices=KERNELS, default=list(KERNELS))
@@ -118,8 +171,16 @@ def main(argv=None) -> list[dict]:
         default=None,
         help="rows not started once this is spent are skipped",
     )
+    parser.add_argument(
+        "--stragglers",
+        choices=("auto", "on", "off"),
+        default="auto",
+        help="vectorized chains: unconverged chains set apart where chains are "
+        "vmapped (auto: not on the CPU), on any backend (on), or never (off)",
+    )
     parser.add_argument("--json", default=None, help="default results/many_chains.json")
     ns = parser.parse_args(argv)
+    set_stragglers(ns.stragglers)
     size = SIZES[ns.size]
     for key in ("chains", "block_sizes", "warmup", "blocks"):
         if getattr(ns, key) is None:
@@ -166,6 +227,9 @@ def main(argv=None) -> list[dict]:
                 ("min_ess", "min ESS", ".3g"),
                 ("ess_per_s", "ESS/s", ".3g"),
                 ("newton_iterations", "Newton its", ".3g"),
+                ("median_chain_iterations", "median its", ".3g"),
+                ("batch_iterations", "batch its", ".3g"),
+                ("straggler_iterations", "straggler its", ".3g"),
                 ("converged", "conv.", ".2f"),
                 ("critical_path_per_draw", "crit./draw", ".3g"),
                 ("status", "status"),

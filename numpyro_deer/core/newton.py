@@ -247,6 +247,14 @@ def solve_loop(
     carry, solves, progressed = jax.lax.while_loop(
         more, one_solve, (carry, zero, jnp.ones((), bool))
     )
+    return carry, solve_info(carry, solves, progressed, num_steps, solver)
+
+
+def solve_info(
+    carry: Any, solves: Array, progressed: Array, num_steps: int, solver: DEERSolver
+) -> NewtonInfo:
+    """The :class:`NewtonInfo` of a finished :func:`solve_loop`: its carry,
+    the solves taken and whether the last one moved the front."""
     result = jnp.where(
         carry.front >= num_steps,
         RESULTS.successful,
@@ -261,14 +269,15 @@ def solve_loop(
             ),
         ),
     ).astype(jnp.int32)
-    info = NewtonInfo(
+    return NewtonInfo(
         iterations=carry.iteration,
         solves=solves,
         result=result,
         front=carry.front,
         residual=carry.residual,
+        batch_iterations=carry.iteration,
+        straggler_iterations=jnp.zeros((), jnp.int32),
     )
-    return carry, info
 
 
 def deer_solve(

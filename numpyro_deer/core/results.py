@@ -90,6 +90,13 @@ class NewtonInfo(NamedTuple):
         front: number of leading steps that passed (exact states).
         residual: ``max_t |s_t - f_t(s_{t-1})|`` over the passed steps: the
             certificate of the returned block.
+        batch_iterations: iterations of the loop over the whole batch of
+            chains the solve ran in (a solve of its own: ``iterations``; the
+            batch paid the largest over its chains).
+        straggler_iterations: iterations run afterwards on the small batch of
+            the chains that had not converged
+            (:func:`~numpyro_deer.core.batched.batched_deer_solve`; 0
+            elsewhere).
     """
 
     iterations: Array
@@ -97,6 +104,8 @@ class NewtonInfo(NamedTuple):
     result: Array
     front: Array
     residual: Array
+    batch_iterations: Array
+    straggler_iterations: Array
 
     @property
     def converged(self) -> Array:
@@ -107,4 +116,4 @@ class NewtonInfo(NamedTuple):
 def no_solve_info(dtype) -> NewtonInfo:
     """The report of a block computed without a Newton solve (sequentially)."""
     zero = jnp.zeros((), jnp.int32)
-    return NewtonInfo(zero, zero, zero, zero, jnp.zeros((), dtype))
+    return NewtonInfo(zero, zero, zero, zero, jnp.zeros((), dtype), zero, zero)

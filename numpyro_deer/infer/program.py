@@ -27,8 +27,8 @@ from numpyro.infer.hmc_util import build_adaptation_schedule
 from numpyro.util import identity
 
 from . import compile_cache
-from .block import emit_draw, needs_refill, refill_block
-from .chains import check_initial_potential, float_params, map_chains
+from .block import emit_draw, needs_refill, refill_block, refill_blocks
+from .chains import check_initial_potential, float_params, map_chains, on_cpu
 from .checks import translate_tracer_errors
 from .convergence import raise_unconverged, warn_unconverged
 from .hessian_mass import hessian_mass, hessian_window_ends, is_hessian_window_end
@@ -267,11 +267,29 @@ class BlockProgram:
         mesh = self.settings.mesh
         return new if mesh is None or not batched else mesh.split_chains(new)
 
-    def refill(self, state, args, kwargs, method: str, batched: bool = False):
+    def refill(
+        self,
+        state,
+        args,
+        kwargs,
+        method: str,
+        batched: bool = False,
+        stragglers: bool | None = None,
+    ):
         """A new block by ``method`` (``"deer"`` or ``"sequential"``) where the
         buffer is used up or the key was replaced; with
-        ``on_failure="raise"`` an unconverged block raises from the host."""
+        ``on_failure="raise"`` an unconverged block raises from the host.
+
+        Batched DEER blocks whose chains are mapped by ``vmap`` (no mesh, not
+        on the CPU; ``stragglers`` overrides) are solved side by side with the
+        chains that have not converged set apart
+        (:func:`~.block.refill_blocks`), so the batch does not wait for its
+        slowest chain; :func:`~.chains.map_chains` runs one chain at a time
+        on the CPU, where no chain waits for another."""
         s = self.settings
+        if stragglers is None:
+            stragglers = not on_cpu()
+        together = batched and method == "deer" and s.mesh is None and stragglers
         with _precision(), translate_tracer_errors():
             potential_flat = self.potential_flat(args, kwargs)
 
@@ -289,12 +307,20 @@ class BlockProgram:
 
             if batched:
                 fresh = jax.vmap(needs_refill)(state)
-                new = jax.lax.cond(
-                    jnp.any(fresh),
-                    lambda c: self._map_chains(refill, c),
-                    identity,
-                    state,
-                )
+
+                def refill_all(chains):
+                    if together:
+                        return refill_blocks(
+                            chains,
+                            potential_flat,
+                            lambda z: ravel_pytree(z)[0],
+                            s.solver,
+                            s.on_failure,
+                            s.transition,
+                        )
+                    return self._map_chains(refill, chains)
+
+                new = jax.lax.cond(jnp.any(fresh), refill_all, identity, state)
             else:
                 fresh = needs_refill(state)
                 new = jax.lax.cond(fresh, refill, identity, state)
