@@ -1,7 +1,8 @@
 """Vectorized chains whose block does not fit the device: solved in groups.
 
 The device's free memory is faked (``memory.free_device_bytes``) and the CPU
-takes the accelerator's ``vmap`` of the chains (``chains.on_cpu``), so the
+takes the accelerator's paths (``vmap`` of the chains, the DEER refill with
+its stragglers set apart, in groups of chains when grouped), so the
 driver's memory plan runs on the CPU: it compiles the block in groups of
 chains, keeps the largest group that fits, warns, and gives the draws of the
 block of all chains at once; where one chain alone does not fit it raises.
@@ -16,7 +17,7 @@ import pytest
 
 from benchmarks.models import gaussian_mean_model
 from numpyro_deer import DEERMALA, MCMC
-from numpyro_deer.infer import chains, memory
+from numpyro_deer.infer import chains, memory, program
 
 from .helpers import compile_log, gaussian_data
 
@@ -43,6 +44,8 @@ def accelerator_chains(monkeypatch):
     """The chains ``vmap``-ped as on an accelerator; every compiled block
     program's bytes recorded as the driver measures them."""
     monkeypatch.setattr(chains, "on_cpu", lambda: False)
+    # and the DEER refill its accelerator path (stragglers set apart)
+    monkeypatch.setattr(program, "on_cpu", lambda: False)
     measured = []
     compiled_bytes = memory.compiled_bytes
 

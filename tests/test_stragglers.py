@@ -174,8 +174,8 @@ def test_refill_blocks_gives_each_chain_its_refill_block():
     # of its own refill_block
     from jax.flatten_util import ravel_pytree
 
-    from numpyro_deer.infer.block import refill_block, refill_blocks
     from numpyro_deer.infer.initial import initial_state
+    from numpyro_deer.infer.refill import refill_block, refill_blocks
     from numpyro_deer.infer.warmup import build_adapter
 
     solver = DEERSolver(jacobian="diag", sweep=0, solve_basis="whitened")

@@ -95,18 +95,24 @@ def check_initial_potential(potential_energy) -> None:
 
 def map_chain_groups(fn: Callable, state: Any, group: int) -> Any:
     """``fn`` over the leading chain axis, ``vmap`` within groups of chains and
-    ``lax.map`` over the groups, one after the other.
+    ``lax.map`` over the groups, one after the other (:func:`map_groups`)."""
+    return map_groups(jax.vmap(fn), state, group)
+
+
+def map_groups(batch_fn: Callable, state: Any, group: int) -> Any:
+    """``batch_fn`` (a function of a batch of chains) over groups of chains,
+    one group after the other (``lax.map``).
 
     ``C`` chains make ``n = ceil(C / group)`` groups of ``g = ceil(C / n) <=
     group`` chains each (as even as ``n`` groups can be); the ``n g - C``
     slots left over in the last group repeat the first chains, and their
-    results are dropped. Each chain's result is the one ``vmap`` over all
-    chains gives: the chains do not interact.
+    results are dropped. Each chain's result is the one ``batch_fn`` of all
+    chains gives where the chains do not interact.
     """
     chains = jax.tree.leaves(state)[0].shape[0]
     groups = -(-chains // group)
     if groups <= 1:
-        return jax.vmap(fn)(state)
+        return batch_fn(state)
     size = -(-chains // groups)
     pad = groups * size - chains
 
@@ -118,5 +124,5 @@ def map_chain_groups(fn: Callable, state: Any, group: int) -> Any:
     def join(y):
         return y.reshape((groups * size,) + y.shape[2:])[:chains]
 
-    out = jax.lax.map(jax.vmap(fn), jax.tree.map(split, state))
+    out = jax.lax.map(batch_fn, jax.tree.map(split, state))
     return jax.tree.map(join, out)

@@ -27,12 +27,18 @@ from numpyro.infer.hmc_util import build_adaptation_schedule
 from numpyro.util import identity
 
 from . import compile_cache
-from .block import emit_draw, needs_refill, refill_block, refill_blocks
-from .chains import check_initial_potential, float_params, map_chains, on_cpu
+from .block import emit_draw
+from .chains import (
+    check_initial_potential,
+    float_params,
+    map_chains,
+    on_cpu,
+)
 from .checks import translate_tracer_errors
 from .convergence import raise_unconverged, warn_unconverged
 from .hessian_mass import hessian_mass, hessian_window_ends, is_hessian_window_end
 from .initial import check_initial_values, initial_state
+from .refill import refill_chains
 from .settings import KernelSettings
 from .warmup import Adapter, build_adapter, restart_step_size, warmup_step
 
@@ -280,50 +286,17 @@ class BlockProgram:
         buffer is used up or the key was replaced; with
         ``on_failure="raise"`` an unconverged block raises from the host.
 
-        Batched DEER blocks whose chains are mapped by ``vmap`` (no mesh, not
-        on the CPU; ``stragglers`` overrides) are solved side by side with the
-        chains that have not converged set apart
-        (:func:`~.block.refill_blocks`), so the batch does not wait for its
-        slowest chain; :func:`~.chains.map_chains` runs one chain at a time
-        on the CPU, where no chain waits for another."""
+        Batched DEER blocks off the CPU (``stragglers`` overrides) are solved
+        side by side with the unconverged chains set apart
+        (:func:`~.refill.refill_chains`); on the CPU
+        :func:`~.chains.map_chains` runs one chain at a time."""
         s = self.settings
-        if stragglers is None:
-            stragglers = not on_cpu()
-        together = batched and method == "deer" and s.mesh is None and stragglers
+        stragglers = not on_cpu() if stragglers is None else stragglers
         with _precision(), translate_tracer_errors():
-            potential_flat = self.potential_flat(args, kwargs)
-
-            def refill(one):
-                return refill_block(
-                    one,
-                    potential_flat,
-                    lambda z: ravel_pytree(z)[0],
-                    s.solver,
-                    method,
-                    s.on_failure,
-                    s.transition,
-                    s.mesh,
-                )
-
-            if batched:
-                fresh = jax.vmap(needs_refill)(state)
-
-                def refill_all(chains):
-                    if together:
-                        return refill_blocks(
-                            chains,
-                            potential_flat,
-                            lambda z: ravel_pytree(z)[0],
-                            s.solver,
-                            s.on_failure,
-                            s.transition,
-                        )
-                    return self._map_chains(refill, chains)
-
-                new = jax.lax.cond(jnp.any(fresh), refill_all, identity, state)
-            else:
-                fresh = needs_refill(state)
-                new = jax.lax.cond(fresh, refill, identity, state)
+            potential = self.potential_flat(args, kwargs)
+            fresh, new = refill_chains(
+                state, potential, s, method, batched, stragglers, self._map_chains
+            )
         if s.on_failure == "raise":
             result = jnp.where(fresh, new.block.info.result, 0)
             jax.lax.cond(
