@@ -4,6 +4,12 @@
 #   bash benchmarks/run_gpu_race.sh paper   # benchmarks/paper.py, full size
 #   bash benchmarks/run_gpu_race.sh race    # eight schools: GPU samplers, and
 #                                           # NUTS with a chain per CPU core
+#   TARGETS="..." bash benchmarks/run_gpu_race.sh competitors  # every
+#                                           # competitor but DEER, on TARGETS
+#   bash benchmarks/run_gpu_race.sh deer    # the DEER rows on TARGETS
+#   bash benchmarks/run_gpu_race.sh many    # many_chains.py: chain counts,
+#                                           # stragglers, D=100 x 256 chains
+#   bash benchmarks/run_gpu_race.sh numpyro020  # NUTS x256 with NumPyro 0.20
 # BlackJAX (ChEES, MEADS, adjusted MCLMC) must be importable; the image's JAX
 # and NumPyro are used as they are.
 set -uo pipefail
@@ -28,6 +34,19 @@ competitors)
     budget="${BUDGET:-10}"
     timeout 240 python3 benchmarks/race.py --platform cpu --quick --targets $targets --samplers nuts_diag:16 --budget-seconds "$budget" --grace-seconds 30 --out "$out/race_cpu_nuts"
     timeout 600 python3 benchmarks/race.py --platform gpu --quick --targets $targets --samplers ${SAMPLERS:-nuts_diag:256 nuts_dense:256 chees:256 meads:256 adjusted_mclmc:256 hmc_seq:256} --budget-seconds "$budget" --grace-seconds 30 --out "$out/race_gpu_competitors"
+    ;;
+deer)
+    # the DEER rows (and sequential HMC, their baseline) on TARGETS
+    targets="${TARGETS:-gym_eight_schools gym_brownian_motion_missing_middle gym_synthetic_irt gym_ill_conditioned_gaussian}"
+    timeout 580 python3 benchmarks/race.py --platform gpu --quick --targets $targets --samplers ${SAMPLERS:-deerhmc:256,1024 deer:256} --budget-seconds "${BUDGET:-10}" --grace-seconds 30 --out "$out/race_gpu_deer"
+    ;;
+many)
+    # sampling-phase throughput against chain count, stragglers set apart
+    # (auto) and not (off); the D=100 logistic regression at 256 chains and
+    # blocks of 4,096 (solved in groups of chains where it does not fit)
+    timeout 240 python3 benchmarks/many_chains.py --models eight_schools --chains 1 256 1024 --block-sizes 1024 --warmup 200 --blocks 2 --stragglers auto --json "$out/many_chains_stragglers.json"
+    timeout 120 python3 benchmarks/many_chains.py --models eight_schools --chains 1024 --block-sizes 1024 --warmup 200 --blocks 2 --stragglers off --json "$out/many_chains_stragglers_off.json"
+    timeout 200 python3 benchmarks/many_chains.py --models logistic_regression_large --kernels mala --chains 256 --block-sizes 4096 --warmup 100 --blocks 1 --json "$out/many_chains_d100.json"
     ;;
 numpyro020)
     # NumPyro issue 2225: vectorized NUTS on the GPU with the image's NumPyro

@@ -9,6 +9,7 @@ block of all chains at once; where one chain alone does not fit it raises.
 """
 
 import re
+from concurrent.futures import Future
 from types import SimpleNamespace
 
 import jax
@@ -17,7 +18,7 @@ import pytest
 
 from benchmarks.models import gaussian_mean_model
 from numpyro_deer import DEERMALA, MCMC
-from numpyro_deer.infer import chains, memory, program
+from numpyro_deer.infer import chains, compile_cache, memory, program
 
 from .helpers import compile_log, gaussian_data
 
@@ -180,3 +181,33 @@ def test_plan_falls_back_to_groups_of_one_chain_then_raises():
     assert len(compiled) <= memory.MAX_COMPILES and compiled[-1] == 1
     with pytest.raises(ValueError, match=r"block_size=4096\) .* one of its 256"):
         _plan(lambda g: 12e9 + g, 10e9)
+
+
+def test_a_block_whose_compile_runs_out_of_memory_is_solved_in_groups(
+    accelerator_chains, monkeypatch
+):
+    # XLA's autotuner allocates a program's largest buffers while compiling:
+    # the block program of all chains then fails to compile at all
+    whole = _run()
+    budget = int(0.6 * _whole_block_bytes())
+    _fake_free(monkeypatch, budget)
+    background = compile_cache.compile_in_background
+
+    def out_of_memory(lowered):
+        futures = background(lowered)
+        for name in futures:
+            if name == "deer":
+                failed = Future()
+                failed.set_exception(
+                    RuntimeError("RESOURCE_EXHAUSTED: Out of memory while trying")
+                )
+                futures[name] = failed
+        return futures
+
+    monkeypatch.setattr(compile_cache, "compile_in_background", out_of_memory)
+    accelerator_chains.clear()
+    with pytest.warns(UserWarning, match="ran out of device memory while compiling"):
+        grouped = _run()
+    # one chain's program first, then the largest group that fits
+    assert accelerator_chains[-1] <= budget and len(accelerator_chains) >= 2
+    np.testing.assert_allclose(grouped, whole, rtol=1e-10, atol=0)

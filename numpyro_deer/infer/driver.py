@@ -300,27 +300,26 @@ class MCMC(numpyro.infer.MCMC):
         Raises ``ValueError`` (the memory check's) where even one chain's
         block does not fit, or the chains are not vectorized.
         """
-        try:
-            self._check_block_memory(name, compiled, checked)
-            return compiled
-        except ValueError:
-            kernel = self.sampler
-            required = memory.compiled_bytes(compiled)
-            free = memory.free_device_bytes()
-            chains = self.num_chains
-            if (
-                not run.batched
-                or kernel.mesh is not None
-                or chains < 2
-                or required is None
-                or free is None
-            ):
-                raise
-        # the arguments the program was lowered with (shapes and dtypes)
-        args = jax.tree.map(
-            lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, weak_type=a.weak_type),
-            compiled.in_avals[0],
-        )
+        kernel, chains = self.sampler, self.num_chains
+        free = memory.free_device_bytes()
+        groups = run.batched and kernel.mesh is None and chains > 1
+        if isinstance(compiled, memory.CompileOutOfMemory):
+            if not groups or free is None:
+                raise compiled.error
+            required, args = None, compiled.args
+        else:
+            try:
+                self._check_block_memory(name, compiled, checked)
+                return compiled
+            except ValueError:
+                required = memory.compiled_bytes(compiled)
+                if not groups or required is None or free is None:
+                    raise
+            # the arguments the program was lowered with (shapes and dtypes)
+            args = jax.tree.map(
+                lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, weak_type=a.weak_type),
+                compiled.in_avals[0],
+            )
 
         def compile_group(group):
             return run.fns(name, group).block_step.lower(*args).compile()

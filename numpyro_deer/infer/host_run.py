@@ -24,6 +24,7 @@ import jax
 import numpy as np
 
 from . import compile_cache, loops
+from .memory import CompileOutOfMemory, is_out_of_memory
 from .method import MethodChoice, measured_choice, pending_choice, unfit_choice
 from .progress import Progress, block_postfix, next_chunk, warmup_postfix
 
@@ -69,22 +70,36 @@ class Programs:
         """Whether ``name`` is compiled (running it will not wait)."""
         return name in self._compiled or self._compiling[name].done()
 
-    def get(self, name: str):
-        """The compiled program ``name``, waiting for its compile."""
+    def get(self, name: str, args=None):
+        """The compiled program ``name``, waiting for its compile. A block
+        program whose compile runs out of device memory goes to
+        ``check_memory`` as :class:`~.memory.CompileOutOfMemory` with the
+        shapes of ``args``."""
         if name not in self._compiled:
             if not self._compiling[name].done():
                 self._progress.compiling(_STAGES.get(name, f"{name} blocks"))
-            compiled = self._compiling[name].result()
+            try:
+                compiled = self._compiling[name].result()
+            except Exception as error:
+                if name in _STAGES or args is None or not is_out_of_memory(error):
+                    raise
+                compiled = CompileOutOfMemory(error, jax.tree.map(shape_of, args))
             if name not in _STAGES:
                 compiled = self._check_memory(name, compiled)
             self._compiled[name] = compiled
         return self._compiled[name]
 
     def __call__(self, name: str, *args):
-        program = self.get(name)
+        program = self.get(name, args)
         if self._placed:
             args = jax.device_put(args, program.input_shardings[0])
         return program(*args)
+
+
+def shape_of(x) -> jax.ShapeDtypeStruct:
+    """``x``'s shape, dtype and weak type."""
+    weak = getattr(getattr(x, "aval", None), "weak_type", False)
+    return jax.ShapeDtypeStruct(np.shape(x), x.dtype, weak_type=weak)
 
 
 class HostRun(NamedTuple):
@@ -240,8 +255,10 @@ def run_blocks(
     steps = 0
     while int(done) < total and steps < limit:
         name = next_method(trials, timings, programs, kernel)
+        args = (state, collection, done, stats, i32(run.plan.steps), i32(total))
+        args += (run.start, run.dynamic)
         try:
-            programs.get(name)
+            programs.get(name, args)
         except ValueError as err:  # the memory check's
             if name != "deer" or not trials:
                 raise
@@ -251,17 +268,7 @@ def run_blocks(
             progress.running("sample")
         before = int(done)
         tic = time.perf_counter()
-        state, collection, done, stats = programs(
-            name,
-            state,
-            collection,
-            done,
-            stats,
-            i32(run.plan.steps),
-            i32(total),
-            run.start,
-            run.dynamic,
-        )
+        state, collection, done, stats = programs(name, *args)
         consumed = int(done) - before  # waits for the block
         seconds = time.perf_counter() - tic
         steps += 1

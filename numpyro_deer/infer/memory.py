@@ -115,6 +115,22 @@ def check_buffer_memory(
     )
 
 
+class CompileOutOfMemory(NamedTuple):
+    """A block program whose compile ran out of device memory (XLA's
+    autotuner allocates the program's largest buffers while compiling), with
+    the shapes it was to run on (``jax.ShapeDtypeStruct``), to plan groups of
+    chains from."""
+
+    error: Exception
+    args: Any
+
+
+def is_out_of_memory(error: Exception) -> bool:
+    """Whether ``error`` is XLA's out-of-device-memory error."""
+    text = str(error)
+    return "RESOURCE_EXHAUSTED" in text or "Out of memory" in text
+
+
 FILL = 0.9
 """Fraction of the free memory a group of chains is planned to take (the
 measured memory is only about linear in the group size)."""
@@ -146,7 +162,7 @@ def group_size(num_chains: int, group: int) -> int:
 
 
 def plan_chain_group(
-    required: int,
+    required: int | None,
     free: int,
     num_chains: int,
     compile_group: Callable[[int], Any],
@@ -157,7 +173,9 @@ def plan_chain_group(
     """The largest group of chains whose block fits ``free`` bytes.
 
     ``required`` is the block program's memory with all ``num_chains`` chains
-    at once (more than ``free``); ``compile_group(g)`` compiles the block in
+    at once (more than ``free``; ``None`` where its compile ran out of memory:
+    then one chain's program is compiled first and the line drawn through
+    zero and its bytes); ``compile_group(g)`` compiles the block in
     groups of ``g`` chains. Memory is about linear in the group size, ``a +
     b g`` (``a``: the arguments of every chain, the collection of draws; ``b
     g``: a group's solve). The first guess takes ``a = 0`` (``b = required /
@@ -170,6 +188,12 @@ def plan_chain_group(
         ValueError: a block of one chain does not fit either
             (:func:`check_block_memory`'s message, with its ``block_size``).
     """
+    if required is None:  # unknown (its compile ran out of memory): one chain's
+        one = compile_group(1)
+        used = compiled_bytes(one)
+        if used is None or used <= free / num_chains:
+            return ChainGroups(1, num_chains, used, one)
+        required = used * num_chains  # the line through zero and one chain
     points = [(num_chains, required)]
     guess = math.floor(num_chains * FILL * free / required)
     for attempt in range(MAX_COMPILES):
@@ -199,17 +223,21 @@ def plan_chain_group(
 
 
 def chain_groups_message(
-    kernel: str, num_chains: int, required: int, free: int, plan: ChainGroups
+    kernel: str, num_chains: int, required: int | None, free: int, plan: ChainGroups
 ) -> str:
     """The warning of a block solved in groups of chains."""
     per_group = "an unknown amount" if plan.required is None else _size(plan.required)
+    needs = (
+        "ran out of device memory while compiling"
+        if required is None
+        else f"needs about {_size(required)} of device memory"
+    )
     return (
-        f"{kernel}: the block of all {num_chains} vectorized chains needs about "
-        f"{_size(required)} of device memory, but the device has {_size(free)} "
-        f"free. The chains are solved in {plan.groups} groups of {plan.size} "
-        f"chains, one group after the other: {per_group} per group's block, of "
-        f"the {_size(free)} free. The block size is kept; a smaller block_size "
-        "solves more chains at once."
+        f"{kernel}: the block of all {num_chains} vectorized chains {needs}, "
+        f"and the device has {_size(free)} free. The chains are solved in "
+        f"{plan.groups} groups of {plan.size} chains, one group after the "
+        f"other: {per_group} per group's block, of the {_size(free)} free. "
+        "The block size is kept; a smaller block_size solves more chains at once."
     )
 
 
