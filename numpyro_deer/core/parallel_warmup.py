@@ -69,7 +69,12 @@ from .warmup_adapt import (
     spread,
 )
 from .warmup_cost import WarmupInfo, WindowInfo, window_costs
-from .warmup_window import solve_window, window_solver, window_tapes
+from .warmup_window import (
+    solve_window,
+    stall_iterations,
+    window_solver,
+    window_tapes,
+)
 
 __all__ = [
     "ParallelWarmupResult",
@@ -88,6 +93,10 @@ WINDOW_FACTORS = tuple(2.0 ** (k / 2) for k in range(-16, 9))
 1/256 to 16: a new metric can move the step size far)."""
 
 METRICS = ("diag", "dense", "hessian")
+
+STALL_FRACTION = 0.5
+"""Default look-back of the front-stall stop, a fraction of the break-even
+iteration count (:func:`~.warmup_window.stall_iterations`)."""
 
 
 class WarmupSchedule(NamedTuple):
@@ -150,7 +159,7 @@ def _identity_metric(metric: str, dim: int, dtype) -> Array:
     return jnp.eye(dim, dtype=dtype)
 
 
-@partial(jax.jit, static_argnums=(0, 1, 2, 3, 4, 5, 6, 7, 8))
+@partial(jax.jit, static_argnums=(0, 1, 2, 3, 4, 5, 6, 7, 8), static_argnames="stall")
 def warmup_window(
     transition: Transition,
     potential_fn: PotentialFn,
@@ -166,11 +175,15 @@ def warmup_window(
     inverse_mass: Array,
     adapt_metric: Array,
     key: Array,
+    *,
+    stall: int = 0,
 ) -> tuple[Array, Array, Array, Array, WindowInfo]:
     """One window for all chains at a fixed kernel, then the adaptation.
 
-    The metric is estimated after the window where ``adapt_metric`` (traced,
-    so windows of one length share one program). Returns ``(positions, next
+    ``stall``: the front-stall stop of the DEER solve
+    (:func:`~.warmup_window.lockstep_solve`; 0: none). The metric is
+    estimated after the window where ``adapt_metric`` (traced, so windows of
+    one length share one program). Returns ``(positions, next
     step size, next inverse mass, the pooled draws of the step size curve,
     info)``.
     """
@@ -181,7 +194,15 @@ def warmup_window(
     w0 = jax.vmap(lambda v: solve_sqrt(mass_sqrt, v))(x)
     potential_w = whiten(potential_fn, mass_sqrt)
     states, infos, iterations, fronts, residuals = solve_window(
-        transition, potential_w, w0, tapes, k_solve, step_size, solver, sequential
+        transition,
+        potential_w,
+        w0,
+        tapes,
+        k_solve,
+        step_size,
+        solver,
+        sequential,
+        stall,
     )
     draws = jax.vmap(jax.vmap(lambda w: mul_sqrt(mass_sqrt, w)))(states)
     pooled = draws[:, num_steps // 2 :].reshape(-1, dim)
@@ -209,14 +230,15 @@ def warmup_window(
     new_step_size = choose_step_size(step_size, factors, accept, target)
 
     max_iterations = jnp.max(iterations)
-    fallback = num_steps if sequential else jnp.max(num_steps - fronts)
+    fallbacks = num_steps - fronts
+    fallback = num_steps if sequential else jnp.max(fallbacks)
     critical, total, levels = window_costs(
         transition,
         solver,
         num_steps,
         sequential,
-        max_iterations,
-        fallback,
+        iterations,
+        fallbacks,
         num_chains,
         dim,
         points.shape[0] * factors.shape[0],
@@ -257,6 +279,7 @@ def parallel_warmup(
     target_accept_prob: float | None = None,
     step_size: float = 1.0,
     cap_iterations: bool = True,
+    stall_fraction: float = STALL_FRACTION,
     num_curve_points: int = 256,
     num_hessian_points: int = 16,
     num_steps_choices: tuple[int, ...] | None = None,
@@ -284,6 +307,12 @@ def parallel_warmup(
         cap_iterations: stop each window's solve at the break-even iteration
             count and finish it sequentially (the draws are the chain either
             way); otherwise ``solver``'s own limits apply.
+        stall_fraction: with ``cap_iterations``, also stop a window's solve
+            as soon as the slowest chain's front gained fewer steps over the
+            last ``m`` Newton iterations than those iterations cost, ``m``
+            this fraction of the break-even count
+            (:func:`~.warmup_window.lockstep_solve`), and finish
+            sequentially from the fronts; 0: no such stop.
         num_curve_points: pooled draws the acceptance curve is estimated at.
         num_hessian_points: pooled draws of the Hessian metric.
         num_steps_choices: for a transition with leapfrog steps (HMC), the
@@ -302,6 +331,11 @@ def parallel_warmup(
     check_schedule(schedule)
     if metric not in METRICS:
         raise ValueError(f"parallel_warmup(metric={metric!r}): use one of {METRICS}.")
+    if not (isinstance(stall_fraction, int | float) and 0 <= stall_fraction <= 1):
+        raise ValueError(
+            f"parallel_warmup(stall_fraction={stall_fraction!r}): use a number "
+            "in [0, 1] (0: no front-stall stop)."
+        )
     x0 = jnp.asarray(x0)
     if x0.ndim != 2:
         raise ValueError(
@@ -358,6 +392,9 @@ def parallel_warmup(
             inverse_mass,
             jnp.asarray(index >= schedule.first_metric_window),
             keys[index + 1],
+            stall=stall_iterations(this_solver, stall_fraction)
+            if cap_iterations
+            else 0,
         )
         rows.append(row)
         eps = eps_next
