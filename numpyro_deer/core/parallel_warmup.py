@@ -55,7 +55,7 @@ import jax
 import jax.numpy as jnp
 from jax import Array
 
-from .metric import mass_matrix_sqrt, mul_sqrt, solve_sqrt, whiten
+from .metric import mass_matrix_sqrt
 from .newton import DEERSolver
 from .transition import PotentialFn, Transition
 from .warmup_adapt import (
@@ -70,8 +70,10 @@ from .warmup_adapt import (
 )
 from .warmup_cost import WarmupInfo, WindowInfo, window_costs
 from .warmup_window import (
+    sample_window,
     solve_window,
     stall_iterations,
+    window_draws,
     window_solver,
     window_tapes,
 )
@@ -82,6 +84,7 @@ __all__ = [
     "check_schedule",
     "initial_step_size",
     "parallel_warmup",
+    "sample_window",
     "solve_window",
     "warmup_window",
     "window_solver",
@@ -188,23 +191,19 @@ def warmup_window(
     info)``.
     """
     num_chains, dim = x.shape
-    mass_sqrt = mass_matrix_sqrt(inverse_mass)
-    k_tape, k_solve, k_curve = jax.random.split(key, 3)
-    tapes = window_tapes(transition, k_tape, num_chains, num_steps, dim, x.dtype)
-    w0 = jax.vmap(lambda v: solve_sqrt(mass_sqrt, v))(x)
-    potential_w = whiten(potential_fn, mass_sqrt)
-    states, infos, iterations, fronts, residuals = solve_window(
+    key, k_curve = jax.random.split(key)
+    draws, infos, iterations, fronts, residuals = window_draws(
         transition,
-        potential_w,
-        w0,
-        tapes,
-        k_solve,
-        step_size,
+        potential_fn,
         solver,
+        num_steps,
         sequential,
+        x,
+        step_size,
+        mass_matrix_sqrt(inverse_mass),
+        key,
         stall,
     )
-    draws = jax.vmap(jax.vmap(lambda w: mul_sqrt(mass_sqrt, w)))(states)
     pooled = draws[:, num_steps // 2 :].reshape(-1, dim)
 
     hessian_points = 0

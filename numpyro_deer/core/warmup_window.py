@@ -37,6 +37,7 @@ import jax.numpy as jnp
 from jax import Array
 
 from .iteration import newton_iteration, whole_block
+from .metric import mul_sqrt, solve_sqrt, whiten
 from .newton import DEERSolver, _initial_carry, deer_solve
 from .transition import (
     PotentialFn,
@@ -196,6 +197,77 @@ def stall_iterations(solver: DEERSolver, fraction: float) -> int:
     if fraction <= 0:
         return 0
     return max(1, round(fraction * solver.max_iter))
+
+
+def window_draws(
+    transition: Transition,
+    potential_fn: PotentialFn,
+    solver: DEERSolver,
+    num_steps: int,
+    sequential: bool,
+    x: Array,
+    step_size: Array,
+    mass_sqrt: Array,
+    key: Array,
+    stall: int = 0,
+) -> tuple[Array, StepInfo, Array, Array, Array]:
+    """:func:`solve_window` from positions ``x`` (``(C, D)``) in the metric
+    ``L = mass_sqrt``: fresh tapes from ``key``, the solve in whitened
+    coordinates ``w = L^{-1} x``, the draws ``(C, W, D)`` mapped back. The
+    window of a warmup and a sampling block alike."""
+    num_chains, dim = x.shape
+    k_tape, k_solve = jax.random.split(key)
+    tapes = window_tapes(transition, k_tape, num_chains, num_steps, dim, x.dtype)
+    w0 = jax.vmap(lambda v: solve_sqrt(mass_sqrt, v))(x)
+    potential_w = whiten(potential_fn, mass_sqrt)
+    states, infos, iterations, fronts, residuals = solve_window(
+        transition,
+        potential_w,
+        w0,
+        tapes,
+        k_solve,
+        step_size,
+        solver,
+        sequential,
+        stall,
+    )
+    draws = jax.vmap(jax.vmap(lambda w: mul_sqrt(mass_sqrt, w)))(states)
+    return draws, infos, iterations, fronts, residuals
+
+
+@partial(jax.jit, static_argnums=(0, 1, 2, 3), static_argnames="stall")
+def sample_window(
+    transition: Transition,
+    potential_fn: PotentialFn,
+    solver: DEERSolver,
+    num_steps: int,
+    x: Array,
+    step_size: Array,
+    mass_sqrt: Array,
+    key: Array,
+    *,
+    stall: int = 0,
+) -> tuple[Array, StepInfo, Array, Array]:
+    """A sampling block after a parallel warmup: one more window of
+    :func:`window_draws` at the adapted kernel, without adaptation.
+
+    Returns ``(draws (C, W, D), step infos, iterations (C,), fronts (C,))``;
+    the chains' next positions are ``draws[:, -1]``. Costs: the window part of
+    :func:`~.warmup_cost.window_costs` (``adaptation=False``).
+    """
+    draws, infos, iterations, fronts, _ = window_draws(
+        transition,
+        potential_fn,
+        solver,
+        num_steps,
+        False,
+        x,
+        step_size,
+        mass_sqrt,
+        key,
+        stall,
+    )
+    return draws, infos, iterations, fronts
 
 
 def window_solver(
