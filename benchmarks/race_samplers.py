@@ -254,7 +254,7 @@ PW_WINDOWS = (64, 256, 1024)
 """Windows of the ``_pw`` rows' warmup (``settings["pw_windows"]``)."""
 PW_SEQUENTIAL = 1
 """Leading windows of that warmup run by the sequential scan."""
-PW_BLOCK = 128
+PW_BLOCK = 256
 """Transitions per sampling block of the ``_pw`` rows (``settings["pw_block"]``)."""
 PW_STEPS = (1, 2, 4, 8)
 """Leapfrog step counts ``deerhmc_pw``'s warmup chooses from by ChEES."""
