@@ -218,9 +218,11 @@ def main(argv=None):
     )
     parser.add_argument("--chains", type=int, default=64)
     parser.add_argument(
-        "--windows", type=int, nargs="+", default=[32, 32, 64, 128, 128]
+        "--windows", type=int, nargs="+", default=list(WarmupSchedule().windows)
     )
-    parser.add_argument("--num-sequential", type=int, default=0)
+    parser.add_argument(
+        "--num-sequential", type=int, default=WarmupSchedule().num_sequential
+    )
     parser.add_argument("--no-cap", action="store_true", help="no iteration cap")
     parser.add_argument(
         "--stall",

@@ -434,7 +434,7 @@ def main(argv=None):
         type=int,
         nargs="+",
         default=None,
-        help="the _pw rows' warmup windows (default: race_samplers.PW_WINDOWS)",
+        help="the _pw rows' warmup windows (default: WarmupSchedule's)",
     )
     parser.add_argument(
         "--pw-sequential",

@@ -250,10 +250,6 @@ def hmc(method: str) -> Callable:
 
 
 # ------------------------------------------------------ the parallel warmup
-PW_WINDOWS = (64, 256, 1024)
-"""Windows of the ``_pw`` rows' warmup (``settings["pw_windows"]``)."""
-PW_SEQUENTIAL = 1
-"""Leading windows of that warmup run by the sequential scan."""
 PW_BLOCK = 256
 """Transitions per sampling block of the ``_pw`` rows (``settings["pw_block"]``)."""
 PW_STEPS = (1, 2, 4, 8)
@@ -301,10 +297,10 @@ def parallel_warmup_row(leapfrog: bool) -> Callable:
         else:
             transition, choices = MALA(), None
         solver = DEERSolver(sweep=0)
-        windows = tuple(settings.get("pw_windows") or PW_WINDOWS)
+        default = WarmupSchedule()  # windows (64, 256, 1024), the first sequential
         schedule = WarmupSchedule(
-            windows=windows,
-            num_sequential=settings.get("pw_sequential", PW_SEQUENTIAL),
+            windows=tuple(settings.get("pw_windows") or default.windows),
+            num_sequential=settings.get("pw_sequential", default.num_sequential),
         )
         key_warm, key = jax.random.split(jax.random.PRNGKey(settings["seed"]))
         result = parallel_warmup(

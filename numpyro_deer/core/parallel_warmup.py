@@ -115,8 +115,8 @@ class WarmupSchedule(NamedTuple):
             this index on (the windows before it keep the identity).
     """
 
-    windows: tuple[int, ...] = (32, 128, 512)
-    num_sequential: int = 0
+    windows: tuple[int, ...] = (64, 256, 1024)
+    num_sequential: int = 1
     first_metric_window: int = 1
 
 
