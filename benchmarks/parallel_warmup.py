@@ -40,6 +40,7 @@ from benchmarks.models import BENCHMARK_MODELS  # noqa: E402
 from numpyro_deer.core import HMC, MALA, DEERSolver, sequential_chain  # noqa: E402
 from numpyro_deer.core.metric import mass_matrix_sqrt  # noqa: E402
 from numpyro_deer.core.parallel_warmup import (  # noqa: E402
+    STALL_FRACTION,
     WarmupSchedule,
     parallel_warmup,
 )
@@ -147,6 +148,7 @@ def run_model(name, ns):
         solver=DEERSolver() if ns.sweep is None else DEERSolver(sweep=ns.sweep),
         target_accept_prob=target,
         cap_iterations=not ns.no_cap,
+        stall_fraction=ns.stall,
         num_steps_choices=tuple(ns.num_steps_choices) or None,
     )
     result = jax.block_until_ready(result)
@@ -158,6 +160,9 @@ def run_model(name, ns):
         "dim": dim,
         "transitions": int(sum(ns.windows)),
         "windows": len(ns.windows),
+        "window_lengths": list(ns.windows),
+        "num_sequential": ns.num_sequential,
+        "stall": ns.stall,
         "newton_iterations": [int(v) for v in windows.newton_iterations],
         "num_converged": [int(v) for v in windows.num_converged],
         "fallback_steps": [int(v) for v in windows.fallback_steps],
@@ -185,6 +190,8 @@ def run_model(name, ns):
         )
     )
 
+    if ns.no_sequential:
+        return [par]
     t0 = time.perf_counter()
     x_seq, eps_seq, inv_seq = jax.block_until_ready(
         sequential_warmup(transition, potential, x0, k_seq, ns.num_warmup, target)
@@ -211,12 +218,25 @@ def main(argv=None):
     )
     parser.add_argument("--chains", type=int, default=64)
     parser.add_argument(
-        "--windows", type=int, nargs="+", default=[32, 32, 64, 128, 128]
+        "--windows", type=int, nargs="+", default=list(WarmupSchedule().windows)
     )
-    parser.add_argument("--num-sequential", type=int, default=0)
+    parser.add_argument(
+        "--num-sequential", type=int, default=WarmupSchedule().num_sequential
+    )
     parser.add_argument("--no-cap", action="store_true", help="no iteration cap")
     parser.add_argument(
+        "--stall",
+        type=int,
+        default=STALL_FRACTION,
+        help="front-stall stop over this many Newton iterations (0: none)",
+    )
+    parser.add_argument(
         "--sweep", type=int, help="the solver's sweep (default: its own)"
+    )
+    parser.add_argument(
+        "--no-sequential",
+        action="store_true",
+        help="the parallel warmup only (no sequential baseline rows)",
     )
     parser.add_argument("--num-warmup", type=int, default=500)
     parser.add_argument("--draws", type=int, default=1000)

@@ -63,6 +63,10 @@ to that checkpoint (``benchmarks/_counts.py`` computes them):
   - Warmup of ``DEERMALA``/``DEERHMC`` (NumPyro's adaptation, one step
     function per draw): ``num_warmup * g`` per chain; the initial step size
     search and the Hessian mass matrix's window ends are not counted.
+  - The parallel warmup of the ``_pw`` rows: its own report
+    (``numpyro_deer.core.warmup_cost``: windows, fallback, the acceptance
+    curves and ChEES choices between windows, the initial step size search);
+    its sampling blocks as DEER blocks above (no solve basis Hessian).
 
 * ``scan_levels``: the associative scan's ``ceil(log2 B)`` levels per Newton
   iteration (cheap elementwise products, no gradient), summed like the
@@ -395,6 +399,9 @@ def settings(ns) -> dict:
         "hmc_leapfrog": ns.hmc_leapfrog,
         "deerhmc_warmup": ns.mala_warmup or (500 if quick else 1000),
         "deer_warmup": ns.deer_warmup,
+        "pw_windows": ns.pw_windows,
+        "pw_sequential": ns.pw_sequential,
+        "pw_block": ns.pw_block,
     }
 
 
@@ -421,6 +428,25 @@ def main(argv=None):
         default=None,
         help="passed to DEERMALA/DEERHMC as warmup= (a kernel without that "
         "argument fails the run)",
+    )
+    parser.add_argument(
+        "--pw-windows",
+        type=int,
+        nargs="+",
+        default=None,
+        help="the _pw rows' warmup windows (default: WarmupSchedule's)",
+    )
+    parser.add_argument(
+        "--pw-sequential",
+        type=int,
+        default=1,
+        help="leading windows of the _pw rows' warmup run sequentially",
+    )
+    parser.add_argument(
+        "--pw-block",
+        type=int,
+        default=None,
+        help="the _pw rows' sampling block (default: race_samplers.PW_BLOCK)",
     )
     parser.add_argument(
         "--in-process", action="store_true", help="no fresh process per run"

@@ -19,6 +19,15 @@ The clock starts before anything is traced, so compilation and warmup count.
   ``settings["deer_warmup"]`` (``--deer-warmup``) is forwarded to the DEER
   kernels as ``warmup=`` where their constructor takes it (a parallel warmup),
   an error where it does not.
+* ``deer_pw`` / ``deerhmc_pw``: the parallel warmup of the pure-JAX core
+  (``numpyro_deer.core.parallel_warmup``: windows of all chains solved by
+  DEER at a fixed kernel, pooled metric and step size; for HMC the number of
+  leapfrog steps chosen by ChEES) from the initial positions of the ``deer``
+  rows, then sampling blocks that are more windows of the same solve at the
+  adapted kernel (``sample_window``: iteration cap, front-stall stop and
+  sequential completion, so the draws are the chains of that kernel). The
+  counts: the warmup's own report, then every block's per-chain Newton
+  iterations and fronts (``_counts.deer_blocks``).
 * ``chees``: BlackJAX's ChEES-HMC (``chees_adaptation`` with Adam, learning rate
   0.025, then ``dynamic_hmc`` with the adapted jittered trajectory length).
 * ``meads``: BlackJAX's MEADS (``meads_adaptation``, then ``ghmc``).
@@ -240,6 +249,103 @@ def hmc(method: str) -> Callable:
     return run
 
 
+# ------------------------------------------------------ the parallel warmup
+PW_BLOCK = 256
+"""Transitions per sampling block of the ``_pw`` rows (``settings["pw_block"]``)."""
+PW_STEPS = (1, 2, 4, 8)
+"""Leapfrog step counts ``deerhmc_pw``'s warmup chooses from by ChEES."""
+
+
+def deer_initial_positions(target, chains: int, seed: int) -> jax.Array:
+    """The flat unconstrained initial positions of the ``deer`` rows: NumPyro's
+    search (``init_to_uniform``) from the key each chain's initial program
+    splits off its key (``numpyro_deer.infer.program``), ``(chains, D)``."""
+    from numpyro.infer.initialization import init_to_uniform
+
+    from numpyro_deer.infer.initial import find_initial_params
+
+    search = find_initial_params(target.model, init_to_uniform)
+    keys = jax.random.split(jax.random.PRNGKey(seed), chains)
+    model_keys = jax.vmap(lambda k: jax.random.split(k)[1])(keys)
+    params, _ = jax.vmap(lambda k: search(k, target.args, target.kwargs))(model_keys)
+    return jax.vmap(lambda p: ravel_pytree(p)[0])(params)
+
+
+def parallel_warmup_row(leapfrog: bool) -> Callable:
+    """``deer_pw`` (MALA) or ``deerhmc_pw`` (HMC)."""
+
+    def run(target, chains, settings, tracker):
+        from numpyro_deer.core import HMC, MALA, DEERSolver
+        from numpyro_deer.core.parallel_warmup import (
+            WarmupSchedule,
+            parallel_warmup,
+            sample_window,
+            stall_iterations,
+            window_solver,
+        )
+
+        logdensity, constrained, _ = _flat_problem(target, chains, settings["seed"])
+
+        def potential(x):
+            return -logdensity(x)
+
+        x = deer_initial_positions(target, chains, settings["seed"])
+        dim = x.shape[1]
+        if leapfrog:
+            transition = HMC(num_steps=settings.get("hmc_leapfrog", 4))
+            choices = tuple(settings.get("pw_steps") or PW_STEPS)
+        else:
+            transition, choices = MALA(), None
+        solver = DEERSolver(sweep=0)
+        default = WarmupSchedule()  # windows (64, 256, 1024), the first sequential
+        schedule = WarmupSchedule(
+            windows=tuple(settings.get("pw_windows") or default.windows),
+            num_sequential=settings.get("pw_sequential", default.num_sequential),
+        )
+        key_warm, key = jax.random.split(jax.random.PRNGKey(settings["seed"]))
+        result = parallel_warmup(
+            transition, potential, x, key_warm, schedule=schedule, solver=solver,
+            num_steps_choices=choices,
+        )  # fmt: skip
+        info = jax.block_until_ready(result.info)
+        tracker.warmup_done(
+            _counts.Counts(
+                float(info.total_gradients),
+                float(info.critical_path_gradients),
+                float(np.sum(info.windows.scan_levels)),
+            )
+        )
+        if leapfrog:
+            transition = HMC(num_steps=info.final_num_steps)
+        block = settings.get("pw_block") or PW_BLOCK
+        capped = window_solver(solver, transition, block, True)
+        stall = stall_iterations(capped, 0.5)
+        g = int(getattr(transition, "num_steps", 1))
+        cost = _counts.TransitionCost(g + 1, g)
+        products = _counts.jacobian_products(solver, dim)
+
+        @jax.jit
+        def segment(x, key):
+            draws, _, its, fronts = sample_window(
+                transition, potential, capped, block, x, result.step_size,
+                result.mass_matrix_sqrt, key, stall=stall,
+            )  # fmt: skip
+            values = jax.vmap(jax.vmap(constrained))(draws)  # (C, W, Dc)
+            return draws[:, -1], values.sum(0), (values**2).sum(0), its, fronts
+
+        x = result.positions
+        while not tracker.done():
+            key, sub = jax.random.split(key)
+            x, s1, s2, its, fronts = segment(x, sub)
+            counts = _counts.deer_blocks(
+                np.asarray(its)[:, None], np.asarray(fronts)[:, None],
+                block_size=block, dim=dim, cost=cost, products=products,
+            )  # fmt: skip
+            tracker.segment(np.asarray(s1), np.asarray(s2), chains, counts)
+
+    return run
+
+
 # ------------------------------------------------------------ BlackJAX ones
 def _flat_problem(target, chains, seed):
     """Log density on the flat unconstrained vector, constrained flattener, inits."""
@@ -401,6 +507,8 @@ SAMPLERS: dict[str, Callable] = {
     "deer": mala("deer"),
     "hmc_seq": hmc("sequential"),
     "deerhmc": hmc("deer"),
+    "deer_pw": parallel_warmup_row(False),
+    "deerhmc_pw": parallel_warmup_row(True),
     "chees": chees,
     "meads": meads,
     "adjusted_mclmc": adjusted_mclmc,

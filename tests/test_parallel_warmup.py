@@ -21,6 +21,7 @@ from numpyro_deer.core.parallel_warmup import (
     window_tapes,
 )
 from numpyro_deer.core.warmup_adapt import chees_per_gradient
+from numpyro_deer.core.warmup_window import stall_iterations
 
 SCALES = jnp.geomspace(0.1, 10.0, 5)
 NUM_CHAINS = 64
@@ -83,6 +84,49 @@ def test_window_equals_sequential_scan(transition, max_iter):
     np.testing.assert_allclose(
         infos.accept_prob, expected_infos.accept_prob, rtol=1e-8, atol=1e-10
     )
+
+
+@pytest.mark.parametrize("transition", [MALA(), HMC(num_steps=2)], ids=["mala", "hmc"])
+def test_window_with_stall_stop_equals_sequential_scan(transition):
+    """A quartic potential from 3 sd: the slowest front moves about a step per
+    iteration, the stall stop ends the solve after its look-back of 2
+    iterations (well before ``max_iter``), and the sequential completion from
+    the fronts gives the sequential scan of the same tapes."""
+    num_chains, num_steps, dim = 4, 24, SCALES.shape[0]
+
+    def quartic(x):
+        z = x / SCALES
+        return 0.5 * jnp.sum(z**2) + 0.25 * jnp.sum(z**4)
+
+    x0 = 3.0 * SCALES * jax.random.normal(jax.random.key(3), (num_chains, dim))
+    tapes = window_tapes(
+        transition, jax.random.key(4), num_chains, num_steps, dim, x0.dtype
+    )
+    potential_w = whiten(quartic, SCALES)
+    solver = DEERSolver(sweep=0, max_iter=12, max_solves=1)
+    states, infos, iterations, fronts, _ = jax.jit(
+        lambda w, t, k: solve_window(
+            transition, potential_w, w, t, k, 0.3, solver, stall=2
+        )
+    )(x0 / SCALES, tapes, jax.random.key(5))
+    expected, expected_infos = jax.vmap(
+        lambda w, t: sequential_chain(transition, potential_w, w, t, 0.3)
+    )(x0 / SCALES, tapes)
+    assert int(np.max(iterations)) == 2
+    assert np.any(fronts < num_steps)
+    assert 0 < np.mean(expected_infos.accepted) < 1
+    np.testing.assert_allclose(states, expected, rtol=1e-8, atol=1e-10)
+    np.testing.assert_allclose(
+        infos.accept_prob, expected_infos.accept_prob, rtol=1e-8, atol=1e-10
+    )
+
+
+def test_stall_look_back_is_a_fraction_of_the_cap():
+    capped = window_solver(SOLVER, MALA(), 512, True)
+    assert capped.max_iter == 128  # 512 g / (2 (g + 1)), g = 1
+    assert stall_iterations(capped, 0.5) == 64
+    assert stall_iterations(capped, 0.0) == 0
+    assert stall_iterations(window_solver(SOLVER, MALA(), 4, True), 0.5) == 1
 
 
 def test_adapted_metric_and_acceptance(warmed):
@@ -172,6 +216,35 @@ def test_critical_path_hand_count():
     )
 
 
+def test_critical_path_hand_count_with_stall_stop():
+    """A DEER window of 16 (break-even cap 4 iterations) with a look-back of
+    one iteration (``stall_fraction=0.25``): the first iteration certifies
+    nothing (the front stays 0 < 16 / 4), so the solve stops there, not at
+    the cap, and all 16 steps run sequentially."""
+    result = parallel_warmup(
+        MALA(),
+        lambda x: 0.5 * jnp.sum(x**2),
+        jnp.array([[0.3], [-0.5]]),
+        jax.random.key(0),
+        schedule=WarmupSchedule(windows=(4, 16), num_sequential=1),
+        solver=DEERSolver(sweep=0),
+        stall_fraction=0.25,
+    )
+    windows = result.info.windows
+    np.testing.assert_array_equal(windows.newton_iterations, [0, 1])
+    np.testing.assert_array_equal(windows.fallback_steps, [4, 16])
+    initial = 2
+    sequential = 1 + 4 * 1 + 2
+    deer = 1 * (2 * 2) + (1 + 16 * 1) + 2  # one iteration, not the cap's 4
+    np.testing.assert_array_equal(windows.critical_path_gradients, [7, 23])
+    assert int(result.info.critical_path_gradients) == initial + sequential + deer
+    # all gradients: every chain's own iteration and fallback; the curve at
+    # 2 x 8 pooled draws (the second half of the window) x 25 step sizes
+    total_deer = 2 * (1 * 16 * 2 * 2 + (1 + 16)) + 16 * 25 * 2
+    total_rest = 2 * 41 * 2 + 2 * (1 + 4) + 4 * 25 * 2
+    assert float(result.info.total_gradients) == total_rest + total_deer
+
+
 @pytest.mark.parametrize(
     "kwargs, message",
     [
@@ -185,6 +258,7 @@ def test_critical_path_hand_count():
         ),
         ({"metric": "full"}, "metric='full'"),
         ({"target_accept_prob": 1.5}, "target_accept_prob=1.5"),
+        ({"stall_fraction": 2.0}, "stall_fraction=2.0"),
     ],
 )
 def test_bad_arguments(kwargs, message):

@@ -33,6 +33,10 @@ TINY = {
     "hmc_warmup": 20,
     "hmc_segment": 10,
     "hmc_leapfrog": 2,
+    "pw_windows": (8, 16),
+    "pw_sequential": 1,
+    "pw_block": 16,
+    "pw_steps": (1, 2),
 }
 
 
@@ -77,6 +81,8 @@ def _available(sampler):
         ("deer", 1),
         ("hmc_seq", 2),
         ("deerhmc", 2),
+        ("deer_pw", 4),
+        ("deerhmc_pw", 4),
         ("chees", 4),
         ("meads", 4),
         ("adjusted_mclmc", 4),

@@ -55,7 +55,7 @@ import jax
 import jax.numpy as jnp
 from jax import Array
 
-from .metric import mass_matrix_sqrt, mul_sqrt, solve_sqrt, whiten
+from .metric import mass_matrix_sqrt
 from .newton import DEERSolver
 from .transition import PotentialFn, Transition
 from .warmup_adapt import (
@@ -69,7 +69,14 @@ from .warmup_adapt import (
     spread,
 )
 from .warmup_cost import WarmupInfo, WindowInfo, window_costs
-from .warmup_window import solve_window, window_solver, window_tapes
+from .warmup_window import (
+    sample_window,
+    solve_window,
+    stall_iterations,
+    window_draws,
+    window_solver,
+    window_tapes,
+)
 
 __all__ = [
     "ParallelWarmupResult",
@@ -77,6 +84,7 @@ __all__ = [
     "check_schedule",
     "initial_step_size",
     "parallel_warmup",
+    "sample_window",
     "solve_window",
     "warmup_window",
     "window_solver",
@@ -88,6 +96,10 @@ WINDOW_FACTORS = tuple(2.0 ** (k / 2) for k in range(-16, 9))
 1/256 to 16: a new metric can move the step size far)."""
 
 METRICS = ("diag", "dense", "hessian")
+
+STALL_FRACTION = 0.5
+"""Default look-back of the front-stall stop, a fraction of the break-even
+iteration count (:func:`~.warmup_window.stall_iterations`)."""
 
 
 class WarmupSchedule(NamedTuple):
@@ -103,8 +115,8 @@ class WarmupSchedule(NamedTuple):
             this index on (the windows before it keep the identity).
     """
 
-    windows: tuple[int, ...] = (32, 128, 512)
-    num_sequential: int = 0
+    windows: tuple[int, ...] = (64, 256, 1024)
+    num_sequential: int = 1
     first_metric_window: int = 1
 
 
@@ -150,7 +162,7 @@ def _identity_metric(metric: str, dim: int, dtype) -> Array:
     return jnp.eye(dim, dtype=dtype)
 
 
-@partial(jax.jit, static_argnums=(0, 1, 2, 3, 4, 5, 6, 7, 8))
+@partial(jax.jit, static_argnums=(0, 1, 2, 3, 4, 5, 6, 7, 8), static_argnames="stall")
 def warmup_window(
     transition: Transition,
     potential_fn: PotentialFn,
@@ -166,24 +178,32 @@ def warmup_window(
     inverse_mass: Array,
     adapt_metric: Array,
     key: Array,
+    *,
+    stall: int = 0,
 ) -> tuple[Array, Array, Array, Array, WindowInfo]:
     """One window for all chains at a fixed kernel, then the adaptation.
 
-    The metric is estimated after the window where ``adapt_metric`` (traced,
-    so windows of one length share one program). Returns ``(positions, next
+    ``stall``: the front-stall stop of the DEER solve
+    (:func:`~.warmup_window.lockstep_solve`; 0: none). The metric is
+    estimated after the window where ``adapt_metric`` (traced, so windows of
+    one length share one program). Returns ``(positions, next
     step size, next inverse mass, the pooled draws of the step size curve,
     info)``.
     """
     num_chains, dim = x.shape
-    mass_sqrt = mass_matrix_sqrt(inverse_mass)
-    k_tape, k_solve, k_curve = jax.random.split(key, 3)
-    tapes = window_tapes(transition, k_tape, num_chains, num_steps, dim, x.dtype)
-    w0 = jax.vmap(lambda v: solve_sqrt(mass_sqrt, v))(x)
-    potential_w = whiten(potential_fn, mass_sqrt)
-    states, infos, iterations, fronts, residuals = solve_window(
-        transition, potential_w, w0, tapes, k_solve, step_size, solver, sequential
+    key, k_curve = jax.random.split(key)
+    draws, infos, iterations, fronts, residuals = window_draws(
+        transition,
+        potential_fn,
+        solver,
+        num_steps,
+        sequential,
+        x,
+        step_size,
+        mass_matrix_sqrt(inverse_mass),
+        key,
+        stall,
     )
-    draws = jax.vmap(jax.vmap(lambda w: mul_sqrt(mass_sqrt, w)))(states)
     pooled = draws[:, num_steps // 2 :].reshape(-1, dim)
 
     hessian_points = 0
@@ -209,14 +229,15 @@ def warmup_window(
     new_step_size = choose_step_size(step_size, factors, accept, target)
 
     max_iterations = jnp.max(iterations)
-    fallback = num_steps if sequential else jnp.max(num_steps - fronts)
+    fallbacks = num_steps - fronts
+    fallback = num_steps if sequential else jnp.max(fallbacks)
     critical, total, levels = window_costs(
         transition,
         solver,
         num_steps,
         sequential,
-        max_iterations,
-        fallback,
+        iterations,
+        fallbacks,
         num_chains,
         dim,
         points.shape[0] * factors.shape[0],
@@ -257,6 +278,7 @@ def parallel_warmup(
     target_accept_prob: float | None = None,
     step_size: float = 1.0,
     cap_iterations: bool = True,
+    stall_fraction: float = STALL_FRACTION,
     num_curve_points: int = 256,
     num_hessian_points: int = 16,
     num_steps_choices: tuple[int, ...] | None = None,
@@ -284,6 +306,12 @@ def parallel_warmup(
         cap_iterations: stop each window's solve at the break-even iteration
             count and finish it sequentially (the draws are the chain either
             way); otherwise ``solver``'s own limits apply.
+        stall_fraction: with ``cap_iterations``, also stop a window's solve
+            as soon as the slowest chain's front gained fewer steps over the
+            last ``m`` Newton iterations than those iterations cost, ``m``
+            this fraction of the break-even count
+            (:func:`~.warmup_window.lockstep_solve`), and finish
+            sequentially from the fronts; 0: no such stop.
         num_curve_points: pooled draws the acceptance curve is estimated at.
         num_hessian_points: pooled draws of the Hessian metric.
         num_steps_choices: for a transition with leapfrog steps (HMC), the
@@ -302,6 +330,11 @@ def parallel_warmup(
     check_schedule(schedule)
     if metric not in METRICS:
         raise ValueError(f"parallel_warmup(metric={metric!r}): use one of {METRICS}.")
+    if not (isinstance(stall_fraction, int | float) and 0 <= stall_fraction <= 1):
+        raise ValueError(
+            f"parallel_warmup(stall_fraction={stall_fraction!r}): use a number "
+            "in [0, 1] (0: no front-stall stop)."
+        )
     x0 = jnp.asarray(x0)
     if x0.ndim != 2:
         raise ValueError(
@@ -358,6 +391,9 @@ def parallel_warmup(
             inverse_mass,
             jnp.asarray(index >= schedule.first_metric_window),
             keys[index + 1],
+            stall=stall_iterations(this_solver, stall_fraction)
+            if cap_iterations
+            else 0,
         )
         rows.append(row)
         eps = eps_next

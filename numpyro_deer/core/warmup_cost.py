@@ -25,8 +25,9 @@ path
   ``2`` (the gradient and its forward derivative at the points).
 
 The associative scan adds ``ceil(log2 W)`` cheap levels per iteration,
-counted apart (``scan_levels``). The totals count what the hardware computes:
-under ``vmap`` every chain runs as many iterations as the slowest one.
+counted apart (``scan_levels``). The totals count every chain's own
+iterations and fallback steps (a chain whose block passed stops; the masked
+lanes ``vmap`` still computes are not counted, as in the race's count).
 """
 
 from __future__ import annotations
@@ -134,11 +135,16 @@ def window_costs(
     curve_evaluations: int,
     hessian_points: int,
     metric_estimated: Array | bool,
+    adaptation: bool = True,
 ) -> tuple[Array, Array, Array]:
     """``(critical path, total, scan levels)`` of one window and the adaptation
-    after it, in gradients (see the module docstring). ``curve_evaluations``
-    is points x candidate step sizes; ``hessian_points`` 0 unless the metric
-    is the Hessian one, counted where ``metric_estimated``."""
+    after it, in gradients (see the module docstring). ``iterations`` and
+    ``fallback`` are per chain, ``(C,)`` (the critical path takes their
+    maxima: the chains run in lockstep and the fallback starts after the
+    solve); ``curve_evaluations`` is points x candidate step sizes
+    (``adaptation=False``: a window without the adaptation after it, a
+    sampling block); ``hessian_points`` 0 unless the metric is the Hessian
+    one, counted where ``metric_estimated``."""
     g = gradients_per_transition(transition)
     g_f = g + 1
     levels = jnp.zeros((), jnp.int32)
@@ -146,20 +152,28 @@ def window_costs(
         critical = jnp.asarray(1 + num_steps * g)
         total = num_chains * critical
     else:
-        k = iterations
+
+        def depth(k, fallback):
+            swept = jnp.maximum(k - solver.sweep_after, 0) if s else 0
+            tail = jnp.where(fallback > 0, 1 + fallback * g, 0)
+            return k * (2 * g_f + (1 if s else 0)) + swept * s * g, swept, tail
+
         s = solver.sweep
-        swept = jnp.maximum(k - solver.sweep_after, 0) if s else 0
+        k = jnp.max(iterations)
+        newton, _, tail = depth(k, jnp.max(fallback))
+        critical = newton + tail
         segments = max(1, min(num_steps // s, num_steps)) if s else 0
-        tail = jnp.where(fallback > 0, 1 + fallback * g, 0)
-        critical = k * (2 * g_f + (1 if s else 0)) + swept * s * g + tail
+        _, swept, tails = depth(iterations, fallback)
         directions = tangent_directions(solver, dim)
         per_chain = (
-            k * (num_steps * g_f * (1 + directions) + segments)
+            iterations * (num_steps * g_f * (1 + directions) + segments)
             + swept * segments * s * g
-            + tail
+            + tails
         )
-        total = num_chains * per_chain
+        total = jnp.sum(per_chain)
         levels = k * math.ceil(math.log2(num_steps))
+    if not adaptation:
+        return critical, total, jnp.asarray(levels, jnp.int32)
     hessian = jnp.where(metric_estimated, 1, 0) if hessian_points else 0
     critical = critical + g_f + 2 * hessian
     total = total + curve_evaluations * g_f + 2 * hessian_points * dim * hessian
