@@ -121,10 +121,12 @@ def test_block_loop_without_progress_raises(monkeypatch):
 
     monkeypatch.setattr(loops, "max_block_steps", lambda total, size: 1)
     args, kwargs = gaussian_data(2.0)
+    # the host loop is guarded: the settings of the runs above (block_size=32),
+    # whose compiled programs serve this run
     mcmc = MCMC(
-        DEERMALA(gaussian_mean_model, block_size=16, method="deer"),
-        num_warmup=20,
-        num_samples=100,
+        DEERMALA(gaussian_mean_model, block_size=32, method="deer"),
+        num_warmup=60,
+        num_samples=150,
         progress_bar=False,
     )
     with pytest.raises(RuntimeError, match="block loop stopped after 1 iter"):
@@ -283,12 +285,14 @@ def test_int_of_a_model_argument_under_jit_model_args():
 
 @pytest.mark.filterwarnings("ignore:Out-of-support values")
 def test_nan_in_the_data_names_the_site():
-    data = np.zeros(5)
-    data[2] = np.nan
+    data = np.zeros(3)
+    data[1] = np.nan
+    # the settings and shapes of the next test: the programs compiled beside
+    # the initial state are shared
     mcmc = MCMC(
-        DEERMALA(location, method="deer"),
-        num_warmup=5,
-        num_samples=5,
+        DEERMALA(location, block_size=16, method="deer"),
+        num_warmup=10,
+        num_samples=16,
         progress_bar=False,
     )
     with pytest.raises(RuntimeError, match=r"not finite .* site\(s\) 'y' \(observed\)"):
