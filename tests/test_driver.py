@@ -109,14 +109,21 @@ def test_continuation_equals_one_long_run(warm_driver):
 
 
 def test_progress_bar_gives_the_same_draws():
+    # the stock comparison's settings (thinning 3, blocks of 64): its compiled
+    # programs serve both runs
     args, kwargs = gaussian_data(1.0)
     draws = []
     for bar in (False, True):
-        mcmc = _driver(num_warmup=60, num_samples=100, thinning=3)
+        mcmc = _driver(STOCK_RUN_CONFIG["block_size"], **STOCK_RUN_CONFIG["mcmc"])
         mcmc.progress_bar = bar  # MCMC turns it off when CI is set
-        mcmc.run(jax.random.PRNGKey(3), *args, **kwargs)
+        mcmc.run(
+            jax.random.PRNGKey(3),
+            *args,
+            **kwargs,
+            extra_fields=STOCK_RUN_CONFIG["extra"],
+        )
         draws.append(mcmc.get_samples()["mu"])
-    assert draws[0].shape == (33,)
+    assert draws[0].shape == (128,)
     np.testing.assert_allclose(draws[0], draws[1], rtol=1e-10)
 
 
@@ -259,7 +266,10 @@ def test_unconverged_blocks_fall_back_and_warn(sequential_chain):
         with pytest.raises(
             DEERConvergenceWarning, match="num_warmup.*sweep=16.*simplefilter"
         ):
-            mcmc.run(jax.random.PRNGKey(6), *args, **kwargs)
+            # the same fields: the first run's compiled programs serve
+            mcmc.run(
+                jax.random.PRNGKey(6), *args, **kwargs, extra_fields=("deer_converged",)
+            )
 
 
 def test_on_failure_warn_keeps_the_iterate_and_raise_stops(sequential_chain):
@@ -302,10 +312,21 @@ def test_on_failure_warn_keeps_the_iterate_and_raise_stops(sequential_chain):
 
 @pytest.mark.parametrize("jit_model_args", [False, True])
 def test_rerun_on_new_data(jit_model_args):
-    mcmc = _driver(num_samples=256, jit_model_args=jit_model_args)
+    # the stock comparison's settings: without jit_model_args its compiled
+    # programs serve these runs (the data are arguments of the programs)
+    mcmc = _driver(
+        STOCK_RUN_CONFIG["block_size"],
+        **STOCK_RUN_CONFIG["mcmc"],
+        jit_model_args=jit_model_args,
+    )
     for value in (3.0, -3.0):
         args, kwargs = gaussian_data(value)
-        mcmc.run(jax.random.PRNGKey(0), *args, **kwargs)
+        mcmc.run(
+            jax.random.PRNGKey(0),
+            *args,
+            **kwargs,
+            extra_fields=STOCK_RUN_CONFIG["extra"],
+        )
         np.testing.assert_allclose(np.mean(mcmc.get_samples()["mu"]), value, atol=0.1)
 
 
