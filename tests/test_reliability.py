@@ -285,14 +285,14 @@ def test_int_of_a_model_argument_under_jit_model_args():
 
 @pytest.mark.filterwarnings("ignore:Out-of-support values")
 def test_nan_in_the_data_names_the_site():
-    data = np.zeros(3)
-    data[1] = np.nan
-    # the settings and shapes of the next test: the programs compiled beside
-    # the initial state are shared
+    data = np.zeros(20)
+    data[2] = np.nan
+    # the settings and shapes of test_data_refilled_in_place_is_read_again:
+    # the programs compiled beside the initial state are its
     mcmc = MCMC(
-        DEERMALA(location, block_size=16, method="deer"),
-        num_warmup=10,
-        num_samples=16,
+        DEERMALA(location, block_size=32, method="deer"),
+        num_warmup=60,
+        num_samples=192,
         progress_bar=False,
     )
     with pytest.raises(RuntimeError, match=r"not finite .* site\(s\) 'y' \(observed\)"):
@@ -300,13 +300,14 @@ def test_nan_in_the_data_names_the_site():
 
 
 def test_integer_init_params_are_taken_as_floats():
+    # the settings and shapes of test_data_refilled_in_place_is_read_again
     mcmc = MCMC(
-        DEERMALA(location, block_size=16, method="deer"),
-        num_warmup=10,
-        num_samples=16,
+        DEERMALA(location, block_size=32, method="deer"),
+        num_warmup=60,
+        num_samples=192,
         progress_bar=False,
     )
-    mcmc.run(jax.random.PRNGKey(0), y=jnp.ones(3), init_params={"mu": jnp.array(1)})
+    mcmc.run(jax.random.PRNGKey(0), y=jnp.ones(20), init_params={"mu": jnp.array(1)})
     assert jnp.issubdtype(mcmc.get_samples()["mu"].dtype, jnp.floating)
 
 
