@@ -47,7 +47,8 @@ def _seed_global_rngs() -> None:
 def stock_run():
     """One stock ``numpyro.infer.MCMC`` run of DEERMALA, shared by several modules.
 
-    Thinning 2, extra fields, 150 warmup and 400 sampling iterations, blocks of 64.
+    ``helpers.STOCK_RUN_CONFIG``: thinning 3, extra fields, 150 warmup and 384
+    sampling iterations, blocks of 64.
     """
     from numpyro.infer import MCMC as StockMCMC
 

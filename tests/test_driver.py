@@ -109,14 +109,21 @@ def test_continuation_equals_one_long_run(warm_driver):
 
 
 def test_progress_bar_gives_the_same_draws():
+    # the stock comparison's settings (thinning 3, blocks of 64): its compiled
+    # programs serve both runs
     args, kwargs = gaussian_data(1.0)
     draws = []
     for bar in (False, True):
-        mcmc = _driver(num_warmup=60, num_samples=100, thinning=3)
+        mcmc = _driver(STOCK_RUN_CONFIG["block_size"], **STOCK_RUN_CONFIG["mcmc"])
         mcmc.progress_bar = bar  # MCMC turns it off when CI is set
-        mcmc.run(jax.random.PRNGKey(3), *args, **kwargs)
+        mcmc.run(
+            jax.random.PRNGKey(3),
+            *args,
+            **kwargs,
+            extra_fields=STOCK_RUN_CONFIG["extra"],
+        )
         draws.append(mcmc.get_samples()["mu"])
-    assert draws[0].shape == (33,)
+    assert draws[0].shape == (128,)
     np.testing.assert_allclose(draws[0], draws[1], rtol=1e-10)
 
 
@@ -259,7 +266,10 @@ def test_unconverged_blocks_fall_back_and_warn(sequential_chain):
         with pytest.raises(
             DEERConvergenceWarning, match="num_warmup.*sweep=16.*simplefilter"
         ):
-            mcmc.run(jax.random.PRNGKey(6), *args, **kwargs)
+            # the same fields: the first run's compiled programs serve
+            mcmc.run(
+                jax.random.PRNGKey(6), *args, **kwargs, extra_fields=("deer_converged",)
+            )
 
 
 def test_on_failure_warn_keeps_the_iterate_and_raise_stops(sequential_chain):
@@ -302,39 +312,64 @@ def test_on_failure_warn_keeps_the_iterate_and_raise_stops(sequential_chain):
 
 @pytest.mark.parametrize("jit_model_args", [False, True])
 def test_rerun_on_new_data(jit_model_args):
-    mcmc = _driver(num_samples=256, jit_model_args=jit_model_args)
+    # the stock comparison's settings: without jit_model_args its compiled
+    # programs serve these runs (the data are arguments of the programs)
+    mcmc = _driver(
+        STOCK_RUN_CONFIG["block_size"],
+        **STOCK_RUN_CONFIG["mcmc"],
+        jit_model_args=jit_model_args,
+    )
     for value in (3.0, -3.0):
         args, kwargs = gaussian_data(value)
-        mcmc.run(jax.random.PRNGKey(0), *args, **kwargs)
+        mcmc.run(
+            jax.random.PRNGKey(0),
+            *args,
+            **kwargs,
+            extra_fields=STOCK_RUN_CONFIG["extra"],
+        )
         np.testing.assert_allclose(np.mean(mcmc.get_samples()["mu"]), value, atol=0.1)
 
 
-def test_closed_form_posteriors():
-    """Beta-Bernoulli (constrained support) and Dirichlet-categorical (simplex)."""
-    for model, make_data, posterior, atol in (
-        (beta_bernoulli, make_beta_bernoulli_data, beta_bernoulli_posterior, 0.05),
-        (
+# one case per code path in the default run: the simplex (a transform that
+# changes the dimension) through the driver; the interval of Beta-Bernoulli
+# is the same path, a program set of its own (`-m slow` runs it)
+@pytest.mark.parametrize(
+    ("model", "make_data", "posterior", "atol"),
+    [
+        pytest.param(
+            beta_bernoulli,
+            make_beta_bernoulli_data,
+            beta_bernoulli_posterior,
+            0.05,
+            marks=pytest.mark.slow,
+            id="beta_bernoulli",
+        ),
+        pytest.param(
             dirichlet_categorical,
             make_dirichlet_categorical_data,
             dirichlet_categorical_posterior,
             0.02,
+            id="dirichlet_categorical",
         ),
-    ):
-        args, kwargs = make_data()
-        mcmc = MCMC(
-            DEERMALA(model, block_size=512, method="deer"),
-            num_warmup=300,
-            num_samples=1024,
-            progress_bar=False,
+    ],
+)
+def test_closed_form_posteriors(model, make_data, posterior, atol):
+    """Beta-Bernoulli (constrained support) and Dirichlet-categorical (simplex)."""
+    args, kwargs = make_data()
+    mcmc = MCMC(
+        DEERMALA(model, block_size=512, method="deer"),
+        num_warmup=300,
+        num_samples=1024,
+        progress_bar=False,
+    )
+    mcmc.run(jax.random.PRNGKey(0), *args, **kwargs)
+    acc = float(np.mean(mcmc.get_extra_fields()["accept_prob"]))
+    assert abs(acc - 0.9) < 0.1, model.__name__
+    for site, moments in posterior(*args, **kwargs).items():
+        draws = mcmc.get_samples()[site]
+        np.testing.assert_allclose(
+            np.mean(draws, 0), moments.mean, atol=atol, err_msg=site
         )
-        mcmc.run(jax.random.PRNGKey(0), *args, **kwargs)
-        acc = float(np.mean(mcmc.get_extra_fields()["accept_prob"]))
-        assert abs(acc - 0.9) < 0.1, model.__name__
-        for site, moments in posterior(*args, **kwargs).items():
-            draws = mcmc.get_samples()[site]
-            np.testing.assert_allclose(
-                np.mean(draws, 0), moments.mean, atol=atol, err_msg=site
-            )
 
 
 def test_non_block_kernels_run_as_in_numpyro():
@@ -378,11 +413,18 @@ def test_arviz_conversion(warm_driver):
 def test_normal_posterior_mean_and_std(warm_driver):
     """``mu`` given 20 observations of 2.0 with unit noise and a N(0, 10) prior."""
     mcmc, args, kwargs = warm_driver
+    # 8,192 draws as 64 runs of 128 that continue each other (one long run's
+    # draws: test_continuation_equals_one_long_run), through the compiled
+    # programs of the module's other runs of 128 draws
     mcmc.post_warmup_state = mcmc.last_state
-    mcmc.num_samples = 8192
     mcmc.run(jax.random.PRNGKey(8), *args, **kwargs)
-    draws = mcmc.get_samples()["mu"]
-    mcmc.num_samples = 128
+    runs = [mcmc.get_samples()["mu"]]
+    while len(runs) < 64:
+        mcmc.post_warmup_state = mcmc.last_state
+        mcmc.run(mcmc.last_state.rng_key, *args, **kwargs)
+        runs.append(mcmc.get_samples()["mu"])
+    draws = np.concatenate(runs)
+    assert draws.shape == (8192,)
     precision = 1 / 10.0**2 + 20
     np.testing.assert_allclose(np.mean(draws), 40 / precision, rtol=0.07)
     np.testing.assert_allclose(np.std(draws), precision**-0.5, rtol=0.07)
@@ -401,7 +443,10 @@ def test_block_memory_is_checked_against_the_device(monkeypatch):
     # the compiled block step does not: the driver's check raises
     monkeypatch.setattr(_memory, "free_device_bytes", lambda device=None: 4096)
     args, kwargs = gaussian_data(1.0)
-    mcmc = _driver(num_warmup=10, num_samples=64)
+    # the sequential chain's sizes: its warmup programs (which depend neither on
+    # the method nor on the solver) serve this run; the block program is new,
+    # so its memory is checked
+    mcmc = _driver(**SEQUENTIAL_RUN)
     with pytest.raises(
         ValueError, match=r"DEERMALA\(block_size=64\) needs about .* per block"
     ):

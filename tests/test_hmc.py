@@ -156,8 +156,12 @@ STRATEGIES = {
 GATES = {"hard": HardGate(), "sigmoid": SigmoidGate()}
 
 
-@pytest.mark.parametrize("gate_name", sorted(GATES))
-@pytest.mark.parametrize("strategy_name", sorted(STRATEGIES))
+# every strategy once and both gates (the gate makes the step function, the
+# strategy linearises whatever step function it is given): 3 solves, not 6
+@pytest.mark.parametrize(
+    ("strategy_name", "gate_name"),
+    [("diag", "hard"), ("full", "sigmoid"), ("stochastic", "hard")],
+)
 def test_deer_block_equals_sequential(strategy_name, gate_name):
     x0, tape, states, infos = _chain_setup()
     m = MASSES["diagonal"]

@@ -25,20 +25,27 @@ def test_registry_entry_is_consistent(name: str) -> None:
 
 @pytest.mark.parametrize("name", BENCHMARK_NAMES)
 def test_benchmark_model_initializes(name: str) -> None:
-    """``initialize_model`` works, the latent dimension is the registered one
-    and the potential is finite at the initial point."""
+    """``initialize_model`` works (traced, as the kernels run it), the latent
+    dimension is the registered one and the potential is finite at the
+    initial point."""
     bench = BENCHMARK_MODELS[name]
     args, kwargs = bench.make_data()
-    info = initialize_model(
-        jax.random.PRNGKey(0), bench.model, model_args=args, model_kwargs=kwargs
-    )
-    flat, _ = ravel_pytree(info.param_info.z)
+
+    # one compiled program (as the kernels run it): run eagerly, every
+    # operation of the model and of NumPyro's search compiles a program
+    @jax.jit
+    def initialize(key):
+        info = initialize_model(key, bench.model, model_args=args, model_kwargs=kwargs)
+        return info.param_info, info.potential_fn(info.param_info.z)
+
+    param_info, energy_again = initialize(jax.random.PRNGKey(0))
+    flat, _ = ravel_pytree(param_info.z)
     assert flat.shape == (bench.latent_dim,)
     assert flat.dtype == jnp.float64  # x64 is on for the test session
-    energy = info.param_info.potential_energy
+    energy = param_info.potential_energy
     assert jnp.isfinite(energy)
-    assert jnp.isfinite(info.potential_fn(info.param_info.z))
-    assert jnp.all(jnp.isfinite(ravel_pytree(info.param_info.z_grad)[0]))
+    assert jnp.isfinite(energy_again)
+    assert jnp.all(jnp.isfinite(ravel_pytree(param_info.z_grad)[0]))
 
 
 @pytest.mark.parametrize("name", BENCHMARK_NAMES)
@@ -47,15 +54,16 @@ def test_benchmark_model_traces_with_traced_data(name: str) -> None:
     tracers, as under ``MCMC(..., jit_model_args=True)`` (nothing compiled)."""
     bench = BENCHMARK_MODELS[name]
     args, kwargs = bench.make_data()
-    info = initialize_model(
-        jax.random.PRNGKey(0),
-        bench.model,
-        model_args=args,
-        model_kwargs=kwargs,
-        dynamic_args=True,
-    )
 
     def energy(args, kwargs):
+        # the set-up traced too (eagerly, each of its operations would compile)
+        info = initialize_model(
+            jax.random.PRNGKey(0),
+            bench.model,
+            model_args=args,
+            model_kwargs=kwargs,
+            dynamic_args=True,
+        )
         return info.potential_fn(*args, **kwargs)(info.param_info.z)
 
     out = jax.eval_shape(energy, args, kwargs)

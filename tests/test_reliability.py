@@ -121,10 +121,12 @@ def test_block_loop_without_progress_raises(monkeypatch):
 
     monkeypatch.setattr(loops, "max_block_steps", lambda total, size: 1)
     args, kwargs = gaussian_data(2.0)
+    # the host loop is guarded: the settings of the runs above (block_size=32),
+    # whose compiled programs serve this run
     mcmc = MCMC(
-        DEERMALA(gaussian_mean_model, block_size=16, method="deer"),
-        num_warmup=20,
-        num_samples=100,
+        DEERMALA(gaussian_mean_model, block_size=32, method="deer"),
+        num_warmup=60,
+        num_samples=150,
         progress_bar=False,
     )
     with pytest.raises(RuntimeError, match="block loop stopped after 1 iter"):
@@ -283,12 +285,14 @@ def test_int_of_a_model_argument_under_jit_model_args():
 
 @pytest.mark.filterwarnings("ignore:Out-of-support values")
 def test_nan_in_the_data_names_the_site():
-    data = np.zeros(5)
+    data = np.zeros(20)
     data[2] = np.nan
+    # the settings and shapes of test_data_refilled_in_place_is_read_again:
+    # the programs compiled beside the initial state are its
     mcmc = MCMC(
-        DEERMALA(location, method="deer"),
-        num_warmup=5,
-        num_samples=5,
+        DEERMALA(location, block_size=32, method="deer"),
+        num_warmup=60,
+        num_samples=192,
         progress_bar=False,
     )
     with pytest.raises(RuntimeError, match=r"not finite .* site\(s\) 'y' \(observed\)"):
@@ -296,13 +300,14 @@ def test_nan_in_the_data_names_the_site():
 
 
 def test_integer_init_params_are_taken_as_floats():
+    # the settings and shapes of test_data_refilled_in_place_is_read_again
     mcmc = MCMC(
-        DEERMALA(location, block_size=16, method="deer"),
-        num_warmup=10,
-        num_samples=16,
+        DEERMALA(location, block_size=32, method="deer"),
+        num_warmup=60,
+        num_samples=192,
         progress_bar=False,
     )
-    mcmc.run(jax.random.PRNGKey(0), y=jnp.ones(3), init_params={"mu": jnp.array(1)})
+    mcmc.run(jax.random.PRNGKey(0), y=jnp.ones(20), init_params={"mu": jnp.array(1)})
     assert jnp.issubdtype(mcmc.get_samples()["mu"].dtype, jnp.floating)
 
 

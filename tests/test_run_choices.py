@@ -65,7 +65,8 @@ def test_auto_is_sequential_on_a_cpu():
     args, kwargs = gaussian_data(1.0)
     kernel = DEERMALA(gaussian_mean_model, block_size=32)
     assert kernel.method == "auto"
-    mcmc = MCMC(kernel, num_warmup=50, num_samples=64, progress_bar=False)
+    # the sizes of the sequential runs below, which reuse this run's programs
+    mcmc = MCMC(kernel, num_warmup=50, num_samples=128, progress_bar=False)
     mcmc.run(jax.random.PRNGKey(0), *args, **kwargs)
     assert kernel.method_chosen == "sequential"
     assert kernel.method_choice.reason.startswith("CPU")
@@ -227,7 +228,12 @@ def test_warmup_check_on_a_chain_started_far_from_its_mode():
     assert "still drifting at the end of warmup" in str(record[0].message)
 
 
-@pytest.mark.parametrize("name", ["eight_schools", "logistic_regression"])
+# one model in the default run (the hierarchical one, the harder for the
+# check); the other is the same code path (`-m slow` runs it)
+@pytest.mark.parametrize(
+    "name",
+    ["eight_schools", pytest.param("logistic_regression", marks=pytest.mark.slow)],
+)
 def test_warmup_check_is_silent_after_the_recommended_warmup(name):
     bench = BENCHMARK_MODELS[name]
     args, kwargs = bench.make_data()

@@ -2,7 +2,7 @@
 
 ``conftest.py`` exposes eight host CPU devices and enables float64. The sharded
 solve must return the chain of the unsharded ``deer_solve`` and of the
-sequential scan, for every Jacobian strategy, on 4 and on 8 devices.
+sequential scan, for every Jacobian strategy on 8 devices, and on 4.
 
 The solver runs with ``atol = rtol = 1e-12``: the certificate bounds each
 step's residual, and residuals add up along the chain, so with ``rtol = 1e-10``
@@ -105,8 +105,12 @@ def test_eight_host_devices_are_available():
     assert len(jax.devices()) >= 8
 
 
-@pytest.mark.parametrize("num_devices", [4, 8])
-@pytest.mark.parametrize("name", sorted(STRATEGIES))
+# every strategy on 8 devices, the default one on 4 too (the scan across the
+# devices is the same code for any count): 4 sharded solves, not 6
+@pytest.mark.parametrize(
+    ("name", "num_devices"),
+    [("diag", 8), ("full", 8), ("stochastic", 8), ("stochastic", 4)],
+)
 def test_sharded_equals_unsharded_and_sequential(problem, unsharded, name, num_devices):
     (states, aux, info), mesh = _sharded(problem, _solver(name), num_devices)
     ref_states, _, ref_info = unsharded(name)
