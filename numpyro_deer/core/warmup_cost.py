@@ -19,7 +19,10 @@ path
   side, so several probes add no depth), ``s = sweep`` and ``a =
   sweep_after`` of the solver (``s_0 = 1`` when ``s > 0``: the sweep's
   starting gradients, evaluated every iteration) and ``F`` the sequential
-  fallback steps of the slowest chain;
+  fallback steps of the slowest chain, whether the solve stopped at the
+  iteration cap or at a front stall
+  (:func:`~numpyro_deer.core.warmup_window.lockstep_solve`; the stall test
+  itself evaluates no gradient);
 * the adaptation after it: ``g_f`` (one transition at every candidate step
   size from every pooled point, side by side) and, for the Hessian metric,
   ``2`` (the gradient and its forward derivative at the points).
