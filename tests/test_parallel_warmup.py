@@ -321,3 +321,23 @@ def test_trajectory_length_choice_needs_leapfrog_steps():
             jax.random.key(0),
             num_steps_choices=(1, 2),
         )
+
+
+def test_window_totals_of_many_chains_do_not_overflow():
+    # 1,024 chains x 150 iterations x a window of 2,048 HMC transitions: about
+    # 3e9 gradients, past int32
+    from numpyro_deer.core.warmup_cost import tangent_directions, window_costs
+
+    transition, solver = HMC(num_steps=4), DEERSolver(sweep=0)
+    chains, k, window, dim = 1024, 150, 2048, 10
+    with jax.enable_x64(False):  # float32 and int32, as on a GPU by default
+        iterations = jnp.full((chains,), k, jnp.int32)
+        critical, total, _ = window_costs(
+            transition, solver, window, False, iterations,
+            jnp.zeros((chains,), jnp.int32), chains, dim, 0, 0, False,
+            adaptation=False,
+        )  # fmt: skip
+    per_iteration = window * 5 * (1 + tangent_directions(solver, dim))
+    assert float(total) == pytest.approx(chains * k * per_iteration, rel=1e-6)
+    assert float(total) > 2**31
+    assert int(critical) == k * 2 * 5

@@ -153,7 +153,7 @@ def window_costs(
     levels = jnp.zeros((), jnp.int32)
     if sequential:
         critical = jnp.asarray(1 + num_steps * g)
-        total = num_chains * critical
+        total = num_chains * jnp.asarray(critical, float)
     else:
 
         def depth(k, fallback):
@@ -166,10 +166,13 @@ def window_costs(
         newton, _, tail = depth(k, jnp.max(fallback))
         critical = newton + tail
         segments = max(1, min(num_steps // s, num_steps)) if s else 0
-        _, swept, tails = depth(iterations, fallback)
+        # per chain in floating point: the totals of many chains and long
+        # windows overflow int32
+        iters = jnp.asarray(iterations, float)
+        _, swept, tails = depth(iters, jnp.asarray(fallback, float))
         directions = tangent_directions(solver, dim)
         per_chain = (
-            iterations * (num_steps * g_f * (1 + directions) + segments)
+            iters * (num_steps * g_f * (1 + directions) + segments)
             + swept * segments * s * g
             + tails
         )
