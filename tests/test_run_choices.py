@@ -23,7 +23,7 @@ from numpyro_deer import (
     SlowDriverWarning,
     WarmupTransitWarning,
 )
-from numpyro_deer.infer import compile_cache, driver
+from numpyro_deer.infer import compile_cache, driver, memory
 from numpyro_deer.infer import kernel as kernel_module
 from numpyro_deer.infer.method import MethodChoice, fitted_block_size
 from numpyro_deer.infer.progress import UPDATE_SECONDS, next_chunk
@@ -268,15 +268,15 @@ def test_auto_falls_back_to_sequential_where_deer_does_not_fit(accelerator):
     """A DEER block larger than the device's free memory (the memory check
     raises for it alone): ``method="auto"`` keeps the sequential scan, says
     why, and the run gives the sequential chain; ``method="deer"`` raises."""
-    check = MCMC._check_block_memory
+    check = memory.check_block_program
 
-    def deer_too_large(self, name, compiled, checked):
+    def deer_too_large(kernel, name, compiled, checked):
         if name == "deer":
             raise ValueError("DEERMALA(block_size=32) needs about 9.00 GiB")
-        return check(self, name, compiled, checked)
+        return check(kernel, name, compiled, checked)
 
     accelerator.setattr(compile_cache, "compile_in_background", compiled_now)
-    accelerator.setattr(MCMC, "_check_block_memory", deer_too_large)
+    accelerator.setattr(memory, "check_block_program", deer_too_large)
     settings = dict(num_warmup=50, num_samples=128, progress_bar=False)
     args, kwargs = gaussian_data(1.0)
     kernel = DEERMALA(gaussian_mean_model, block_size=32)

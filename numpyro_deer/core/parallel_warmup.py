@@ -48,32 +48,26 @@ every window are counted in :mod:`numpyro_deer.core.warmup_cost`.
 from __future__ import annotations
 
 import dataclasses
-from functools import partial
 from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 from jax import Array
 
+from .adapted_window import warmup_window
 from .metric import mass_matrix_sqrt
 from .newton import DEERSolver
 from .transition import PotentialFn, Transition
 from .warmup_adapt import (
     INITIAL_FACTORS,
-    acceptance_curve,
     chees_per_gradient,
-    choose_step_size,
-    hessian_inverse_mass,
     initial_step_size,
-    pooled_inverse_mass,
-    spread,
 )
-from .warmup_cost import WarmupInfo, WindowInfo, window_costs
+from .warmup_cost import WarmupInfo
 from .warmup_window import (
     sample_window,
     solve_window,
     stall_iterations,
-    window_draws,
     window_solver,
     window_tapes,
 )
@@ -90,10 +84,6 @@ __all__ = [
     "window_solver",
     "window_tapes",
 ]
-
-WINDOW_FACTORS = tuple(2.0 ** (k / 2) for k in range(-16, 9))
-"""Step size factors of the acceptance curve between windows (``2^(k/2)``,
-1/256 to 16: a new metric can move the step size far)."""
 
 METRICS = ("diag", "dense", "hessian")
 
@@ -160,107 +150,6 @@ def _identity_metric(metric: str, dim: int, dtype) -> Array:
     if metric == "diag":
         return jnp.ones((dim,), dtype)
     return jnp.eye(dim, dtype=dtype)
-
-
-@partial(jax.jit, static_argnums=(0, 1, 2, 3, 4, 5, 6, 7, 8), static_argnames="stall")
-def warmup_window(
-    transition: Transition,
-    potential_fn: PotentialFn,
-    solver: DEERSolver,
-    num_steps: int,
-    sequential: bool,
-    metric: str,
-    target: float,
-    num_curve_points: int,
-    num_hessian_points: int,
-    x: Array,
-    step_size: Array,
-    inverse_mass: Array,
-    adapt_metric: Array,
-    key: Array,
-    *,
-    stall: int = 0,
-) -> tuple[Array, Array, Array, Array, WindowInfo]:
-    """One window for all chains at a fixed kernel, then the adaptation.
-
-    ``stall``: the front-stall stop of the DEER solve
-    (:func:`~.warmup_window.lockstep_solve`; 0: none). The metric is
-    estimated after the window where ``adapt_metric`` (traced, so windows of
-    one length share one program). Returns ``(positions, next
-    step size, next inverse mass, the pooled draws of the step size curve,
-    info)``.
-    """
-    num_chains, dim = x.shape
-    key, k_curve = jax.random.split(key)
-    draws, infos, iterations, fronts, residuals = window_draws(
-        transition,
-        potential_fn,
-        solver,
-        num_steps,
-        sequential,
-        x,
-        step_size,
-        mass_matrix_sqrt(inverse_mass),
-        key,
-        stall,
-    )
-    pooled = draws[:, num_steps // 2 :].reshape(-1, dim)
-
-    hessian_points = 0
-    if metric == "hessian":
-        hessian_points = min(num_hessian_points, pooled.shape[0])
-        estimate = hessian_inverse_mass(potential_fn, spread(pooled, hessian_points))
-    else:
-        estimate = pooled_inverse_mass(pooled, metric == "dense")
-    usable = jnp.all(jnp.isfinite(estimate)) & jnp.all(jnp.isfinite(pooled))
-    new_inverse = jnp.where(adapt_metric & usable, estimate, inverse_mass)
-
-    factors = jnp.asarray(WINDOW_FACTORS, x.dtype)
-    points = spread(pooled, num_curve_points)
-    accept = acceptance_curve(
-        transition,
-        potential_fn,
-        points,
-        step_size,
-        mass_matrix_sqrt(new_inverse),
-        factors,
-        k_curve,
-    )
-    new_step_size = choose_step_size(step_size, factors, accept, target)
-
-    max_iterations = jnp.max(iterations)
-    fallbacks = num_steps - fronts
-    fallback = num_steps if sequential else jnp.max(fallbacks)
-    critical, total, levels = window_costs(
-        transition,
-        solver,
-        num_steps,
-        sequential,
-        iterations,
-        fallbacks,
-        num_chains,
-        dim,
-        points.shape[0] * factors.shape[0],
-        hessian_points,
-        adapt_metric,
-    )
-    prob = infos.accept_prob
-    info = WindowInfo(
-        num_steps=jnp.asarray(num_steps, jnp.int32),
-        sequential=jnp.asarray(sequential),
-        newton_iterations=max_iterations,
-        num_converged=jnp.sum(~sequential & (fronts >= num_steps)),
-        fallback_steps=jnp.asarray(fallback, jnp.int32),
-        residual=jnp.max(residuals),
-        mean_accept_prob=jnp.mean(jnp.where(jnp.isfinite(prob), prob, 0.0)),
-        num_diverging=jnp.sum(infos.diverging),
-        step_size=step_size,
-        metric_updated=adapt_metric & usable,
-        critical_path_gradients=jnp.asarray(critical, jnp.int32),
-        total_gradients=jnp.asarray(total, x.dtype),
-        scan_levels=levels,
-    )
-    return draws[:, -1], new_step_size, new_inverse, points, info
 
 
 _chees = jax.jit(chees_per_gradient, static_argnums=(0, 1))

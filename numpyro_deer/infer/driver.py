@@ -271,77 +271,6 @@ class MCMC(numpyro.infer.MCMC):
             return init_state, None
         return kernel.start(init), None
 
-    def _check_block_memory(self, name: str, compiled, checked: set) -> None:
-        """Compare a compiled block program's memory with the device's.
-
-        Raises ``ValueError`` with a ``block_size`` that fits, before the
-        block runs. Devices without memory statistics (the CPU) are not
-        checked, and each block program once.
-        """
-        free = memory.free_device_bytes()
-        if free is None or name in checked:
-            return
-        kernel = self.sampler
-        memory.check_block_memory(
-            memory.compiled_bytes(compiled),
-            free,
-            kernel.program.block_size,
-            kernel=type(kernel).__name__,
-            multiple=kernel.block_multiple,
-        )
-        checked.add(name)
-
-    def _fit_block_memory(self, run: HostRun, name: str, compiled, checked: set):
-        """The block program ``name`` to run: ``compiled`` if it fits the
-        device's free memory (:meth:`_check_block_memory`), else, for
-        vectorized chains, the same block solved in groups of chains, the
-        largest that fits (:func:`~.memory.plan_chain_group`), with a warning.
-
-        Raises ``ValueError`` (the memory check's) where even one chain's
-        block does not fit, or the chains are not vectorized.
-        """
-        kernel, chains = self.sampler, self.num_chains
-        free = memory.free_device_bytes()
-        groups = run.batched and kernel.mesh is None and chains > 1
-        if isinstance(compiled, memory.CompileOutOfMemory):
-            if not groups or free is None:
-                raise compiled.error
-            required, args = None, compiled.args
-        else:
-            try:
-                self._check_block_memory(name, compiled, checked)
-                return compiled
-            except ValueError:
-                required = memory.compiled_bytes(compiled)
-                if not groups or required is None or free is None:
-                    raise
-            # the arguments the program was lowered with (shapes and dtypes)
-            args = jax.tree.map(
-                lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, weak_type=a.weak_type),
-                compiled.in_avals[0],
-            )
-
-        def compile_group(group):
-            return run.fns(name, group).block_step.lower(*args).compile()
-
-        label = type(kernel).__name__
-        plan = memory.plan_chain_group(
-            required,
-            free,
-            chains,
-            compile_group,
-            kernel.program.block_size,
-            kernel=label,
-            multiple=kernel.block_multiple,
-        )
-        if kernel.program.first_warning(f"chain groups {name}"):
-            warnings.warn(
-                memory.chain_groups_message(label, chains, required, free, plan),
-                UserWarning,
-                stacklevel=2,
-            )
-        return plan.compiled
-
     def _warmup_range(self, state, upper: int) -> tuple[int, int]:
         """``(first, steps)``: the iteration count this ``run`` starts from,
         and how many of its loop iterations are warmup steps."""
@@ -427,7 +356,13 @@ class MCMC(numpyro.infer.MCMC):
             programs = Programs(
                 lowered,
                 progress,
-                partial(self._fit_block_memory, run, checked=checked),
+                partial(
+                    memory.fit_block_program,
+                    kernel,
+                    self.num_chains,
+                    run,
+                    checked=checked,
+                ),
                 placed=kernel.mesh is not None,
             )
             if run.init is not None:

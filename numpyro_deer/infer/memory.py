@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import warnings
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -257,3 +258,75 @@ def _size(n: int) -> str:
         if n >= scale:
             return f"{n / scale:.2f} {unit}"
     return f"{n} bytes"
+
+
+def check_block_program(kernel, name: str, compiled, checked: set) -> None:
+    """Compare a compiled block program's memory with the device's.
+
+    Raises ``ValueError`` with a ``block_size`` that fits, before the block
+    runs. Devices without memory statistics (the CPU) are not checked, and
+    each block program (``name``, recorded in ``checked``) once.
+    """
+    free = free_device_bytes()
+    if free is None or name in checked:
+        return
+    check_block_memory(
+        compiled_bytes(compiled),
+        free,
+        kernel.program.block_size,
+        kernel=type(kernel).__name__,
+        multiple=kernel.block_multiple,
+    )
+    checked.add(name)
+
+
+def fit_block_program(kernel, num_chains: int, run, name: str, compiled, checked):
+    """The block program ``name`` to run: ``compiled`` if it fits the
+    device's free memory (:func:`check_block_program`), else, for vectorized
+    chains (``run``: the :class:`~.host_run.HostRun`), the same block solved in
+    groups of chains, the largest that fits (:func:`plan_chain_group`), with
+    a warning. ``compiled`` may be a :class:`CompileOutOfMemory`.
+
+    Raises ``ValueError`` (the memory check's) where even one chain's block
+    does not fit, or the chains are not vectorized.
+    """
+    free = free_device_bytes()
+    groups = run.batched and kernel.mesh is None and num_chains > 1
+    if isinstance(compiled, CompileOutOfMemory):
+        if not groups or free is None:
+            raise compiled.error
+        required, args = None, compiled.args
+    else:
+        try:
+            check_block_program(kernel, name, compiled, checked)
+            return compiled
+        except ValueError:
+            required = compiled_bytes(compiled)
+            if not groups or required is None or free is None:
+                raise
+        # the arguments the program was lowered with (shapes and dtypes)
+        args = jax.tree.map(
+            lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, weak_type=a.weak_type),
+            compiled.in_avals[0],
+        )
+
+    def compile_group(group):
+        return run.fns(name, group).block_step.lower(*args).compile()
+
+    label = type(kernel).__name__
+    plan = plan_chain_group(
+        required,
+        free,
+        num_chains,
+        compile_group,
+        kernel.program.block_size,
+        kernel=label,
+        multiple=kernel.block_multiple,
+    )
+    if kernel.program.first_warning(f"chain groups {name}"):
+        warnings.warn(
+            chain_groups_message(label, num_chains, required, free, plan),
+            UserWarning,
+            stacklevel=2,
+        )
+    return plan.compiled
