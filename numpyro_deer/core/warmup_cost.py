@@ -126,6 +126,18 @@ def break_even_iterations(transition, num_steps: int) -> int:
     return max(1, (num_steps * g) // (2 * (g + 1)))
 
 
+def iteration_cost(solver: DEERSolver, g: int, first: Array, count: int) -> Array:
+    """Critical-path gradients of Newton iterations ``first .. first+count-1``:
+    ``2 (g + 1)`` each, ``+ 1`` with a sweep, ``+ sweep g`` from
+    ``sweep_after`` on (the module docstring)."""
+    s = solver.sweep
+    cost = count * (2 * (g + 1) + (1 if s else 0))
+    if s:
+        swept = jnp.clip(first + count - solver.sweep_after, 0, count)
+        cost = cost + swept * s * g
+    return cost
+
+
 def window_costs(
     transition,
     solver: DEERSolver,
@@ -156,25 +168,22 @@ def window_costs(
         total = num_chains * jnp.asarray(critical, float)
     else:
 
-        def depth(k, fallback):
-            swept = jnp.maximum(k - solver.sweep_after, 0) if s else 0
-            tail = jnp.where(fallback > 0, 1 + fallback * g, 0)
-            return k * (2 * g_f + (1 if s else 0)) + swept * s * g, swept, tail
+        def tail(fallback):  # the sequential finish from the front
+            return jnp.where(fallback > 0, 1 + fallback * g, 0)
 
         s = solver.sweep
         k = jnp.max(iterations)
-        newton, _, tail = depth(k, jnp.max(fallback))
-        critical = newton + tail
+        critical = iteration_cost(solver, g, 0, k) + tail(jnp.max(fallback))
         segments = max(1, min(num_steps // s, num_steps)) if s else 0
         # per chain in floating point: the totals of many chains and long
         # windows overflow int32
         iters = jnp.asarray(iterations, float)
-        _, swept, tails = depth(iters, jnp.asarray(fallback, float))
+        swept = jnp.maximum(iters - solver.sweep_after, 0) if s else 0
         directions = tangent_directions(solver, dim)
         per_chain = (
             iters * (num_steps * g_f * (1 + directions) + segments)
             + swept * segments * s * g
-            + tails
+            + tail(jnp.asarray(fallback, float))
         )
         total = jnp.sum(per_chain)
         levels = k * math.ceil(math.log2(num_steps))

@@ -48,7 +48,11 @@ from .transition import (
     make_step_fn,
     sequential_chain,
 )
-from .warmup_cost import break_even_iterations, gradients_per_transition
+from .warmup_cost import (
+    break_even_iterations,
+    gradients_per_transition,
+    iteration_cost,
+)
 
 
 def window_tapes(
@@ -126,18 +130,6 @@ class LockstepInfo(NamedTuple):
     iterations: Array
     front: Array
     residual: Array
-
-
-def iteration_cost(solver: DEERSolver, g: int, first: Array, count: int) -> Array:
-    """Critical-path gradients of Newton iterations ``first .. first+count-1``:
-    ``2 (g + 1)`` each, ``+ 1`` with a sweep, ``+ sweep g`` from
-    ``sweep_after`` on (:mod:`~numpyro_deer.core.warmup_cost`)."""
-    s = solver.sweep
-    cost = count * (2 * (g + 1) + (1 if s else 0))
-    if s:
-        swept = jnp.clip(first + count - solver.sweep_after, 0, count)
-        cost = cost + swept * s * g
-    return cost
 
 
 def lockstep_solve(
