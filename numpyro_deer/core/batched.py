@@ -31,13 +31,13 @@ fits the small batch, a fat one (many slow chains) after ``patience`` times
 the median.
 
 **Exactness.** A chain's own iterations are those of its solve alone: each
-chain runs the same state machine as
+chain takes :func:`~numpyro_deer.core.newton.solve_trip`, the trip of
 :func:`~numpyro_deer.core.newton.solve_loop` (solves of at most ``max_iter``
 iterations restarting at the front; stop on convergence, a solve without
-progress, a non-finite iterate or ``max_solves`` solves), flattened to one
-Newton iteration per trip, so its iterates, front, certificate and result
-code are those of :func:`~numpyro_deer.core.deer_solve` on its tape, in
-whichever phase it finishes.
+progress, a non-finite iterate or ``max_solves`` solves), so its iterates,
+front, certificate and result code are those of
+:func:`~numpyro_deer.core.deer_solve` on its tape, in whichever phase it
+finishes.
 
 Costs: the gather and scatter of the stragglers' carries and tapes (a
 ``capacity / C`` share of the batch's) once per group, and a second loop in
@@ -48,15 +48,21 @@ copy.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 from jax import Array
 
-from .certificate import tree_where
-from .iteration import IterationCarry, newton_iteration, whole_block
-from .newton import DEERSolver, _initial_carry, solve_info
+from .iteration import newton_iteration, whole_block
+from .newton import (
+    DEERSolver,
+    SolveState,
+    _initial_carry,
+    solve_info,
+    solve_trip,
+    start_solves,
+)
 from .results import NewtonInfo
 from .transition import SequentialStep, StepFn
 
@@ -73,69 +79,25 @@ def straggler_capacity(num_chains: int) -> int:
 MakeSteps = Callable[[Any], tuple[StepFn, SequentialStep | None]]
 
 
-class ChainSolve(NamedTuple):
-    """One chain's solve between trips (:func:`solve_loop` flattened).
-
-    Attributes:
-        carry: the Newton iterate and its front, certificate and counts.
-        solves: solves started.
-        start_front: the front when the current solve started.
-        stop_at: the iteration count that ends the current solve.
-        progressed: whether the last finished solve moved the front.
-        active: whether the chain takes another iteration.
-    """
-
-    carry: IterationCarry
-    solves: Array
-    start_front: Array
-    stop_at: Array
-    progressed: Array
-    active: Array
-
-
-def _start(carry: IterationCarry, solver: DEERSolver) -> ChainSolve:
-    """The first solve starts at once (a block has at least one step)."""
-    zero = jnp.zeros((), jnp.int32)
-    return ChainSolve(
-        carry=carry,
-        solves=zero + 1,
-        start_front=carry.front,
-        stop_at=carry.iteration + solver.max_iter,
-        progressed=jnp.ones((), bool),
-        active=jnp.ones((), bool),
-    )
-
-
 def _trip(
     make_steps: MakeSteps,
     solver: DEERSolver,
     params: Any,
     tape: Any,
     key: Array,
-    chain: ChainSolve,
-) -> ChainSolve:
-    """One Newton iteration of a chain, then :func:`solve_loop`'s bookkeeping:
-    the solve ends at convergence, a non-finite iterate or ``stop_at``; the
-    next starts if the front is short, it moved and solves are left. A chain
-    that is not active keeps its state."""
+    chain: SolveState,
+) -> SolveState:
+    """One Newton iteration of a chain and its solves' bookkeeping
+    (:func:`~numpyro_deer.core.newton.solve_trip`); a chain that is not
+    active keeps its state."""
     step_fn, sequential = make_steps(params)
     num_steps = chain.carry.passed.shape[0]
-    carry = newton_iteration(
-        step_fn, solver, tape, key, chain.carry, whole_block(num_steps), sequential
-    )
-    unfinished = (carry.front < num_steps) & ~carry.nonfinite
-    ends = ~(unfinished & (carry.iteration < chain.stop_at))
-    progressed = jnp.where(ends, carry.front > chain.start_front, chain.progressed)
-    starts = ends & unfinished & progressed & (chain.solves < solver.max_solves)
-    new = ChainSolve(
-        carry=carry,
-        solves=chain.solves + starts,
-        start_front=jnp.where(starts, carry.front, chain.start_front),
-        stop_at=jnp.where(starts, carry.iteration + solver.max_iter, chain.stop_at),
-        progressed=progressed,
-        active=~ends | starts,
-    )
-    return tree_where(chain.active, new, chain)
+    layout = whole_block(num_steps)
+
+    def iteration(carry):
+        return newton_iteration(step_fn, solver, tape, key, carry, layout, sequential)
+
+    return solve_trip(iteration, num_steps, solver, chain, keep_inactive=True)
 
 
 def batched_deer_solve(
@@ -179,11 +141,13 @@ def batched_deer_solve(
         )
 
     def start(p, x, t):
-        return _start(_initial_carry(make_steps(p)[0], x, t, None), solver)
+        carry = _initial_carry(make_steps(p)[0], x, t, None)
+        return start_solves(carry, num_steps, solver)
 
     def trips(p, t, k, c):
         return jax.vmap(lambda *a: _trip(make_steps, solver, *a))(p, t, k, c)
 
+    num_steps = jax.tree.leaves(tape)[0].shape[1]
     chains = jax.vmap(start)(params, x0, tape)
     zero = jnp.zeros((), jnp.int32)
 
@@ -233,7 +197,6 @@ def batched_deer_solve(
         lambda outer: jnp.any(outer[0].active), group, (chains, zero)
     )
 
-    num_steps = jax.tree.leaves(tape)[0].shape[1]
     carry = chains.carry
     info = jax.vmap(lambda c, s, p: solve_info(c, s, p, num_steps, solver))(
         carry, chains.solves, chains.progressed

@@ -42,7 +42,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -188,6 +188,68 @@ def _initial_carry(
     )
 
 
+class SolveState(NamedTuple):
+    """A block's solves between Newton iterations (:func:`solve_loop`).
+
+    Attributes:
+        carry: the Newton iterate and its front, certificate and counts.
+        solves: solves started.
+        start_front: the front when the current solve started.
+        stop_at: the iteration count that ends the current solve.
+        progressed: whether the last finished solve moved the front.
+        active: whether another iteration follows.
+    """
+
+    carry: Any
+    solves: Array
+    start_front: Array
+    stop_at: Array
+    progressed: Array
+    active: Array
+
+
+def start_solves(carry: Any, num_steps: int, solver: DEERSolver) -> SolveState:
+    """The first solve, started where the block is unfinished."""
+    active = (carry.front < num_steps) & ~carry.nonfinite
+    return SolveState(
+        carry=carry,
+        solves=active.astype(jnp.int32),
+        start_front=carry.front,
+        stop_at=carry.iteration + solver.max_iter,
+        progressed=jnp.ones((), bool),
+        active=active,
+    )
+
+
+def solve_trip(
+    iteration: Callable[[Any], Any],
+    num_steps: int,
+    solver: DEERSolver,
+    state: SolveState,
+    keep_inactive: bool = False,
+) -> SolveState:
+    """One Newton iteration, then the solves' bookkeeping: a solve ends when
+    the block passes, an iterate turns non-finite or it has run
+    ``solver.max_iter`` iterations; the next starts at the front if the block
+    is unfinished, the solve moved the front and solves are left.
+    ``keep_inactive``: a state that is not active keeps its value (loops that
+    run it anyway: chains in lockstep, devices in step)."""
+    carry = iteration(state.carry)
+    unfinished = (carry.front < num_steps) & ~carry.nonfinite
+    ends = ~(unfinished & (carry.iteration < state.stop_at))
+    progressed = jnp.where(ends, carry.front > state.start_front, state.progressed)
+    starts = ends & unfinished & progressed & (state.solves < solver.max_solves)
+    new = SolveState(
+        carry=carry,
+        solves=state.solves + starts,
+        start_front=jnp.where(starts, carry.front, state.start_front),
+        stop_at=jnp.where(starts, carry.iteration + solver.max_iter, state.stop_at),
+        progressed=progressed,
+        active=~ends | starts,
+    )
+    return tree_where(state.active, new, state) if keep_inactive else new
+
+
 def solve_loop(
     iteration: Callable[[Any], Any],
     carry: Any,
@@ -200,54 +262,28 @@ def solve_loop(
     Each solve restarts at the front with the current iterate. Stops when the
     block passes, a solve makes no progress, an iterate turns non-finite, or
     ``solver.max_solves`` solves are spent, and says which in the result code.
-    Shared by every solver (unsharded and sharded); only the iteration
-    differs. The carry needs ``front``, ``iteration``, ``residual`` and
-    ``nonfinite``.
+    Shared by every solver (unsharded, sharded and the batched one of
+    :mod:`~numpyro_deer.core.batched`, one :func:`solve_trip` per Newton
+    iteration); only the iteration differs. The carry needs ``front``,
+    ``iteration``, ``residual`` and ``nonfinite``.
 
-    ``sync`` (inside ``shard_map``) turns a loop condition into one shared by
-    devices that solve other blocks, e.g. a ``pmax`` over a mesh axis of
+    ``sync`` (inside ``shard_map``) turns the loop condition into one shared
+    by devices that solve other blocks, e.g. a ``pmax`` over a mesh axis of
     chains: the loops then take the same number of trips on every device (so
-    their collectives meet), and a solve whose own condition is false keeps
+    their collectives meet), and a device whose own solves have stopped keeps
     its carry.
     """
 
-    def more_solves(outer):
-        carry, solves, progressed = outer
-        return (
-            (carry.front < num_steps)
-            & (solves < solver.max_solves)
-            & progressed
-            & ~carry.nonfinite
-        )
+    def trip(state, keep_inactive=sync is not None):
+        return solve_trip(iteration, num_steps, solver, state, keep_inactive)
 
-    def one_solve(outer):
-        carry, solves, _ = outer
-        start_front = carry.front
-        stop_at = carry.iteration + solver.max_iter
-        active = True if sync is None else more_solves(outer)
+    def more(state):
+        return state.active if sync is None else sync(state.active)
 
-        def go_on(c):
-            return (
-                active & (c.front < num_steps) & (c.iteration < stop_at) & ~c.nonfinite
-            )
-
-        if sync is None:
-            carry = jax.lax.while_loop(go_on, iteration, carry)
-            return carry, solves + 1, carry.front > start_front
-        carry = jax.lax.while_loop(
-            lambda c: sync(go_on(c)),
-            lambda c: tree_where(go_on(c), iteration(c), c),
-            carry,
-        )
-        new = (carry, solves + 1, carry.front > start_front)
-        return tree_where(active, new, outer)
-
-    zero = jnp.zeros((), jnp.int32)
-    more = more_solves if sync is None else lambda outer: sync(more_solves(outer))
-    carry, solves, progressed = jax.lax.while_loop(
-        more, one_solve, (carry, zero, jnp.ones((), bool))
+    state = jax.lax.while_loop(more, trip, start_solves(carry, num_steps, solver))
+    return state.carry, solve_info(
+        state.carry, state.solves, state.progressed, num_steps, solver
     )
-    return carry, solve_info(carry, solves, progressed, num_steps, solver)
 
 
 def solve_info(
