@@ -16,7 +16,8 @@ warmup and no adaptation (the kernels run at the paper's fixed step sizes):
 * ``mala``: MALA at step size 0.0015 on a logistic regression of German
   credit's shape (N = 1,000 rows, D = 25 coefficients with the intercept,
   synthetic standardized data, prior ``N(0, 1)``), 2 chains (vectorized) of
-  2,048 and of 16,384 steps, each length one block.
+  2,048 and of 16,384 steps, each length one block; rows ``sequential``,
+  ``deer`` and ``deer_full`` as for the banana.
 
 Every row times a first ``MCMC`` object (``first_s``: tracing and compiling
 included) and then a second one built the same way (``second_s``: a new
@@ -190,16 +191,23 @@ def mala_rows(T: int, solver_options: dict) -> list[dict]:
     X, y = german_credit_shape()
     run_kwargs = {"X": X, "y": y}
 
-    def kernel(method):
+    def kernel(method, solver=None):
+        solver = DEERSolver(**solver_options) if solver is None else solver
         return lambda: numpyro_deer.DEERMALA(
             logistic_model, step_size=0.0015, adapt_step_size=False,
-            adapt_mass_matrix=False, block_size=T, method=method,
-            solver=DEERSolver(**solver_options),
+            adapt_mass_matrix=False, block_size=T, method=method, solver=solver,
         )  # fmt: skip
 
     seq, ref = _row("mala", "sequential", kernel("sequential"), 2, T, run_kwargs, None)
-    deer, _ = _row("mala", "deer", kernel("deer"), 2, T, run_kwargs, ref)
-    return [seq, deer]
+    rows = [seq]
+    for variant, solver in (
+        ("deer", DEERSolver(**solver_options)),
+        ("deer_full", DEERSolver(jacobian="full", **solver_options)),
+    ):
+        rows.append(
+            _row("mala", variant, kernel("deer", solver), 2, T, run_kwargs, ref)[0]
+        )
+    return rows
 
 
 def main(argv=None) -> list[dict]:

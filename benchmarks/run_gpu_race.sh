@@ -2,6 +2,8 @@
 # The GPU benchmarks of the race and the paper's settings, one section per
 # call (each well inside ten minutes), JSON under $OUT (or benchmarks/results).
 #   bash benchmarks/run_gpu_race.sh paper   # benchmarks/paper.py, full size
+#   bash benchmarks/run_gpu_race.sh dense   # dense_products.py: full DEER's
+#                                           # products, elementwise or matrix
 #   bash benchmarks/run_gpu_race.sh race    # eight schools: GPU samplers, and
 #                                           # NUTS with a chain per CPU core
 #   TARGETS="..." bash benchmarks/run_gpu_race.sh competitors  # every
@@ -22,6 +24,9 @@ case "${1:-paper}" in
 paper)
     timeout 300 python3 benchmarks/paper.py --platform gpu --size full --cases banana --json "$out/paper_banana_gpu.json"
     timeout 200 python3 benchmarks/paper.py --platform gpu --size full --cases mala --json "$out/paper_mala_gpu.json"
+    ;;
+dense)
+    timeout 300 python3 benchmarks/dense_products.py --platform gpu --banana-steps 100000 --json "$out/dense_products_gpu.json"
     ;;
 race)
     nproc

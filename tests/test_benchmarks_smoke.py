@@ -179,6 +179,15 @@ CASES = {
         "16",
     ],
     "paper.py": ["--size", "tiny"],
+    "dense_products.py": [
+        "--dims",
+        "2",
+        "12",
+        "--elements",
+        "2000",
+        "--banana-steps",
+        "64",
+    ],
     "parallel_warmup.py": [
         "--models",
         "eight_schools",
@@ -232,6 +241,7 @@ BENCH_ONLY = {
     "ablation.py",
     "compile_options.py",
     "compile_profile.py",
+    "dense_products.py",
     "driver_overhead.py",
     "hmc_formulations.py",
     "hmc_tuning.py",
@@ -283,8 +293,18 @@ def test_benchmark_runs_at_a_tiny_size(script, tmp_path):
     if script == "paper.py":  # DEER gives the sequential chain (float32)
         rows = result_json["rows"]
         deer = [r for r in rows if r["variant"].startswith("deer")]
-        assert len(deer) == 4 and all(r["finite"] for r in rows)
+        # banana and two MALA lengths, each with the default and the full Jacobian
+        assert len(deer) == 6 and all(r["finite"] for r in rows)
         assert all(r["max_abs_diff"] < 0.05 for r in deer), deer
+    if script == "dense_products.py":  # both ways of the products, each case
+        rows = result_json["rows"]
+        ways = [(r["case"], r["D"], r["products"]) for r in rows]
+        assert ways == [
+            (case, dim, way)
+            for case, dim in (("scan", 2), ("scan", 12), ("banana", 2))
+            for way in ("elementwise", "matrix")
+        ]
+        assert all(r["run_s"] > 0 and r["compile_s"] > 0 for r in rows)
     if script == "many_chains.py":
         rows = result_json["rows"]
         assert [r["status"] for r in rows] == ["ok"] * 4, rows

@@ -15,6 +15,7 @@ import pytest
 from numpy.testing import assert_allclose, assert_array_equal
 
 from numpyro_deer.core import scan_dense, scan_diagonal, scan_sequential
+from numpyro_deer.core.scan import ELEMENTWISE_MAX_DIM, matmul
 
 TOL = dict(rtol=1e-12, atol=1e-12)
 
@@ -143,7 +144,8 @@ def test_scan_diagonal_initial_state_folded_into_first_offset():
 # ------------------------------------------------------------------------- dense
 @pytest.mark.parametrize(
     "T, D",
-    [(1, 3), (7, 4), (512, 4)],
+    # D above ELEMENTWISE_MAX_DIM takes the matrix products
+    [(1, 3), (7, 4), (512, 4), (64, ELEMENTWISE_MAX_DIM + 4)],
 )
 def test_scan_dense_matches_loop(T, D):
     A, b = dense_inputs(T * 10 + D, T, D)
@@ -153,6 +155,19 @@ def test_scan_dense_matches_loop(T, D):
     assert got.dtype == np.float64
     assert_allclose(got, expected, **TOL)
     assert_allclose(np.asarray(_scan_sequential(A, b)), expected, **TOL)
+
+
+@pytest.mark.parametrize("D", [2, ELEMENTWISE_MAX_DIM, ELEMENTWISE_MAX_DIM + 1])
+def test_matmul_is_the_matrix_product_batched_and_single(D):
+    # elementwise up to ELEMENTWISE_MAX_DIM, matrix products above: both are
+    # a @ b, for a batch of matrices times matrices or vectors and for one pair
+    rng = np.random.default_rng(D)
+    a, b = rng.standard_normal((2, 5, D, D))
+    v = rng.standard_normal((5, D))
+    assert_allclose(np.asarray(matmul(a, b)), a @ b, **TOL)
+    assert_allclose(np.asarray(matmul(a, v)), np.einsum("tij,tj->ti", a, v), **TOL)
+    assert_allclose(np.asarray(matmul(a[0], b[0])), a[0] @ b[0], **TOL)
+    assert_allclose(np.asarray(matmul(a[0], v[0])), a[0] @ v[0], **TOL)
 
 
 def test_scan_dense_inputs_do_not_commute():

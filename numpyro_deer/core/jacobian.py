@@ -37,7 +37,7 @@ import jax.numpy as jnp
 from jax import Array
 
 from .certificate import finite_or_fixed_point
-from .scan import scan_dense, scan_diagonal
+from .scan import matmul, scan_dense, scan_diagonal
 from .transition import StepFn, flat_draw
 
 
@@ -125,7 +125,7 @@ class _DenseStructure(_Structure):
 
     @staticmethod
     def matvec(jacobian: Array, x: Array) -> Array:
-        return jnp.einsum("...ij,...j->...i", jacobian, x)
+        return matmul(jacobian, x)
 
     @staticmethod
     def zero_rows(jacobian: Array, rows: Array) -> Array:
@@ -141,7 +141,7 @@ class _DenseStructure(_Structure):
             if A.shape[0] % 2:
                 A = jnp.concatenate([A, jnp.eye(A.shape[-1], dtype=A.dtype)[None]])
             # a later step multiplies on the left
-            A = jnp.einsum("tij,tjk->tik", A[1::2], A[0::2])
+            A = matmul(A[1::2], A[0::2])
         return A[0]
 
 

@@ -19,6 +19,13 @@ Two structures of ``A_t`` are supported (each Jacobian strategy of
   work and memory (quasi-DEER, Gonzalez et al., 2024);
 * dense, ``A`` of shape ``(T, D, D)``: ``O(T D^3)`` work (full DEER).
 
+Up to :data:`ELEMENTWISE_MAX_DIM` dimensions the dense products are written
+as broadcast multiplications and sums (:func:`matmul`) rather than matrix
+products: XLA fuses them with the rest of a scan level, and a GPU compiler
+neither dispatches a batched GEMM of ``2 x 2`` matrices nor autotunes one per
+level of the scan (each level has its own batch size), which made the first
+compile of a long block take a minute.
+
 The combine operator is written for one pair of elements and vectorised with
 :func:`jax.vmap`, as in Dynamax's parallel filters.
 """
@@ -51,12 +58,32 @@ def _combine_diagonal(first: AffineElement, second: AffineElement) -> AffineElem
     return AffineElement(second.A * first.A, second.A * first.b + second.b)
 
 
+ELEMENTWISE_MAX_DIM = 8
+"""Largest ``D`` whose dense products :func:`matmul` writes elementwise."""
+
+
+def matmul(a: Array, b: Array, precision: str | None = None) -> Array:
+    """``a @ b`` for a ``(..., D, D)`` matrix ``a`` and a matrix or vector ``b``.
+
+    Up to :data:`ELEMENTWISE_MAX_DIM` dimensions, ``sum_j a_ij b_j(k)`` as a
+    broadcast product and a sum (exact float products, whatever
+    ``precision``); above, :func:`jax.numpy.matmul` at ``precision``.
+    """
+    vector = b.ndim == a.ndim - 1  # a vector per matrix
+    if a.shape[-1] > ELEMENTWISE_MAX_DIM:
+        spec = "...ij,...j->...i" if vector else "...ij,...jk->...ik"
+        return jnp.einsum(spec, a, b, precision=precision)
+    if vector:
+        return jnp.sum(a * b[..., None, :], axis=-1)
+    return jnp.sum(a[..., :, :, None] * b[..., None, :, :], axis=-2)
+
+
 def _combine_dense(
     first: AffineElement, second: AffineElement, precision: str | None = None
 ) -> AffineElement:
     """Compose two dense affine maps: ``first`` is applied, then ``second``."""
-    A = jnp.matmul(second.A, first.A, precision=precision)
-    b = jnp.matmul(second.A, first.b, precision=precision) + second.b
+    A = matmul(second.A, first.A, precision)
+    b = matmul(second.A, first.b, precision) + second.b
     return AffineElement(A, b)
 
 
