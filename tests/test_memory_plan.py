@@ -18,7 +18,7 @@ import pytest
 
 from benchmarks.models import gaussian_mean_model
 from numpyro_deer import DEERMALA, MCMC
-from numpyro_deer.infer import chains, compile_cache, memory, program
+from numpyro_deer.infer import chains, compile_cache, host_run, memory, program
 
 from .helpers import compile_log, gaussian_data
 
@@ -58,8 +58,13 @@ def accelerator_chains(monkeypatch):
     return measured
 
 
-def _fake_free(monkeypatch, free):
+def _fake_free(monkeypatch, free, window_end=False):
+    """``free`` bytes on the device; unless ``window_end``, for the blocks
+    alone (the Hessian mass matrix's window end, the other program planned
+    in groups, is left out: a budget a block of one chain fits need not fit it)."""
     monkeypatch.setattr(memory, "free_device_bytes", lambda device=None: free)
+    if not window_end:
+        monkeypatch.setattr(host_run, "_PLANNED_STAGES", frozenset())
 
 
 def test_chains_that_do_not_fit_are_solved_in_groups(accelerator_chains, monkeypatch):
@@ -123,6 +128,7 @@ def _whole_block_bytes() -> int:
         patch.setattr(memory, "plan_chain_group", stop)
         patch.setattr("numpyro_deer.infer.kernel.check_buffer_memory", _nothing)
         patch.setattr(memory, "free_device_bytes", lambda device=None: 1)
+        patch.setattr(host_run, "_PLANNED_STAGES", frozenset())
         with pytest.raises(_Measured) as measured:
             _run()
     return measured.value.args[0]
@@ -183,20 +189,15 @@ def test_plan_falls_back_to_groups_of_one_chain_then_raises():
         _plan(lambda g: 12e9 + g, 10e9)
 
 
-def test_a_block_whose_compile_runs_out_of_memory_is_solved_in_groups(
-    accelerator_chains, monkeypatch
-):
-    # XLA's autotuner allocates a program's largest buffers while compiling:
-    # the block program of all chains then fails to compile at all
-    whole = _run()
-    budget = int(0.6 * _whole_block_bytes())
-    _fake_free(monkeypatch, budget)
+def _compile_runs_out_of_memory(monkeypatch, program: str):
+    """The background compile of ``program`` fails as XLA's autotuner does
+    when it allocates the program's largest buffers while compiling."""
     background = compile_cache.compile_in_background
 
     def out_of_memory(lowered):
         futures = background(lowered)
         for name in futures:
-            if name == "deer":
+            if name == program:
                 failed = Future()
                 failed.set_exception(
                     RuntimeError("RESOURCE_EXHAUSTED: Out of memory while trying")
@@ -205,9 +206,41 @@ def test_a_block_whose_compile_runs_out_of_memory_is_solved_in_groups(
         return futures
 
     monkeypatch.setattr(compile_cache, "compile_in_background", out_of_memory)
+
+
+def test_a_block_whose_compile_runs_out_of_memory_is_solved_in_groups(
+    accelerator_chains, monkeypatch
+):
+    # the block program of all chains fails to compile at all
+    whole = _run()
+    budget = int(0.6 * _whole_block_bytes())
+    _fake_free(monkeypatch, budget)
+    _compile_runs_out_of_memory(monkeypatch, "deer")
     accelerator_chains.clear()
     with pytest.warns(UserWarning, match="ran out of device memory while compiling"):
         grouped = _run()
     # one chain's program first, then the largest group that fits
     assert accelerator_chains[-1] <= budget and len(accelerator_chains) >= 2
+    np.testing.assert_allclose(grouped, whole, rtol=1e-10, atol=0)
+
+
+def test_a_hessian_window_end_that_runs_out_of_memory_is_solved_in_groups(
+    accelerator_chains, monkeypatch
+):
+    # the Hessian mass matrix of every chain at once (16 D gradients per
+    # chain) is the warmup's largest program: planned like a block
+    whole = _run()
+    _fake_free(monkeypatch, 2**40, window_end=True)  # the blocks fit
+    _compile_runs_out_of_memory(monkeypatch, "window_end")
+    accelerator_chains.clear()
+    with pytest.warns(UserWarning) as record:
+        grouped = _run()
+    messages = [str(w.message) for w in record]
+    assert any(
+        f"the Hessian mass matrix of all {CHAINS} vectorized chains ran out of "
+        "device memory while compiling" in m
+        for m in messages
+    ), messages
+    # one chain's window end was compiled and measured, and it fits
+    assert accelerator_chains and accelerator_chains[0] <= 2**40
     np.testing.assert_allclose(grouped, whole, rtol=1e-10, atol=0)

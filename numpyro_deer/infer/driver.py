@@ -52,6 +52,7 @@ from .host_run import (
     initial_state,
     kernel_method,
     lower_programs,
+    program_in_groups,
     run_blocks,
     run_warmup,
     warmup_plan,
@@ -357,11 +358,12 @@ class MCMC(numpyro.infer.MCMC):
                 lowered,
                 progress,
                 partial(
-                    memory.fit_block_program,
+                    memory.fit_program,
                     kernel,
                     self.num_chains,
                     run,
                     checked=checked,
+                    grouped=partial(program_in_groups, run),
                 ),
                 placed=kernel.mesh is not None,
             )

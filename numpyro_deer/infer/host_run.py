@@ -37,6 +37,12 @@ _STAGES = {
 }
 
 
+# the stages whose memory is checked like a block's (their vectorized chains
+# solved in groups where they do not fit): the Hessian holds ``16 D``
+# gradients' intermediates per chain at once
+_PLANNED_STAGES = frozenset({"window_end"})
+
+
 class Programs:
     """A run's programs by name, compiling in the background.
 
@@ -45,9 +51,10 @@ class Programs:
             or a method's name for a block step), each compile started as
             soon as its program is lowered.
         progress: the run's progress bar; says what the run waits for.
-        check_memory: ``check_memory(name, compiled)`` for a block program,
-            called once before it first runs: the program to run (the same,
-            or one that fits the device's memory), or raises if none fits.
+        check_memory: ``check_memory(name, compiled)`` for a block program
+            or the Hessian window end, called once before it first runs: the
+            program to run (the same, or one that fits the device's memory),
+            or raises if none fits.
         placed: over a mesh, put each call's arguments where the compiled
             program expects them (a program's outputs can come back with
             other shardings than it was compiled for).
@@ -72,8 +79,8 @@ class Programs:
 
     def get(self, name: str, args=None):
         """The compiled program ``name``, waiting for its compile. A block
-        program whose compile runs out of device memory goes to
-        ``check_memory`` as :class:`~.memory.CompileOutOfMemory` with the
+        program (or window end) whose compile runs out of device memory goes
+        to ``check_memory`` as :class:`~.memory.CompileOutOfMemory` with the
         shapes of ``args``."""
         if name not in self._compiled:
             if not self._compiling[name].done():
@@ -81,10 +88,11 @@ class Programs:
             try:
                 compiled = self._compiling[name].result()
             except Exception as error:
-                if name in _STAGES or args is None or not is_out_of_memory(error):
+                planned = name not in _STAGES or name in _PLANNED_STAGES
+                if not planned or args is None or not is_out_of_memory(error):
                     raise
                 compiled = CompileOutOfMemory(error, jax.tree.map(shape_of, args))
-            if name not in _STAGES:
+            if name not in _STAGES or name in _PLANNED_STAGES:
                 compiled = self._check_memory(name, compiled)
             self._compiled[name] = compiled
         return self._compiled[name]
@@ -94,6 +102,14 @@ class Programs:
         if self._placed:
             args = jax.device_put(args, program.input_shardings[0])
         return program(*args)
+
+
+def program_in_groups(run: HostRun, name: str, group: int):
+    """The jitted program ``name`` (a block step by that method, or
+    ``"window_end"``) with the vectorized chains in groups of ``group``."""
+    if name == "window_end":
+        return run.fns(kernel_method(run.kernel), group).window_end
+    return run.fns(name, group).block_step
 
 
 def shape_of(x) -> jax.ShapeDtypeStruct:

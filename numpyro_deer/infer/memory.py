@@ -224,21 +224,33 @@ def plan_chain_group(
 
 
 def chain_groups_message(
-    kernel: str, num_chains: int, required: int | None, free: int, plan: ChainGroups
+    kernel: str,
+    num_chains: int,
+    required: int | None,
+    free: int,
+    plan: ChainGroups,
+    name: str = "block",
 ) -> str:
-    """The warning of a block solved in groups of chains."""
+    """The warning of a program (``name``: a block's method, or
+    ``"window_end"``) solved in groups of chains."""
+    what = "Hessian mass matrix" if name == "window_end" else "block"
     per_group = "an unknown amount" if plan.required is None else _size(plan.required)
     needs = (
         "ran out of device memory while compiling"
         if required is None
         else f"needs about {_size(required)} of device memory"
     )
+    advice = (
+        "The block size is kept; a smaller block_size solves more chains at once."
+        if what == "block"
+        else "The draws are the same as with all chains at once."
+    )
     return (
-        f"{kernel}: the block of all {num_chains} vectorized chains {needs}, "
+        f"{kernel}: the {what} of all {num_chains} vectorized chains {needs}, "
         f"and the device has {_size(free)} free. The chains are solved in "
         f"{plan.groups} groups of {plan.size} chains, one group after the "
-        f"other: {per_group} per group's block, of the {_size(free)} free. "
-        "The block size is kept; a smaller block_size solves more chains at once."
+        f"other: {per_group} per group's {what}, of the {_size(free)} free. "
+        f"{advice}"
     )
 
 
@@ -280,18 +292,32 @@ def check_block_program(kernel, name: str, compiled, checked: set) -> None:
     checked.add(name)
 
 
-def fit_block_program(kernel, num_chains: int, run, name: str, compiled, checked):
-    """The block program ``name`` to run: ``compiled`` if it fits the
-    device's free memory (:func:`check_block_program`), else, for vectorized
-    chains (``run``: the :class:`~.host_run.HostRun`), the same block solved in
-    groups of chains, the largest that fits (:func:`plan_chain_group`), with
-    a warning. ``compiled`` may be a :class:`CompileOutOfMemory`.
+def fit_program(
+    kernel,
+    num_chains: int,
+    run,
+    name: str,
+    compiled,
+    checked,
+    grouped: Callable[[str, int], Any],
+):
+    """The program ``name`` to run (a block step, or the Hessian mass
+    matrix's ``"window_end"``): ``compiled`` if it fits the device's free
+    memory (:func:`check_block_program`), else, for vectorized chains
+    (``run``: the :class:`~.host_run.HostRun`), the same program with the
+    chains in groups, the largest that fits (:func:`plan_chain_group`;
+    ``grouped(name, group)`` is the program to lower for a group), with a
+    warning. ``compiled`` may be a :class:`CompileOutOfMemory`.
 
-    Raises ``ValueError`` (the memory check's) where even one chain's block
+    Raises ``ValueError`` (the memory check's) where even one chain's program
     does not fit, or the chains are not vectorized.
     """
     free = free_device_bytes()
     groups = run.batched and kernel.mesh is None and num_chains > 1
+    if name == "window_end" and not groups:  # runs as it is (or fails: XLA's)
+        if isinstance(compiled, CompileOutOfMemory):
+            raise compiled.error
+        return compiled
     if isinstance(compiled, CompileOutOfMemory):
         if not groups or free is None:
             raise compiled.error
@@ -311,21 +337,31 @@ def fit_block_program(kernel, num_chains: int, run, name: str, compiled, checked
         )
 
     def compile_group(group):
-        return run.fns(name, group).block_step.lower(*args).compile()
+        return grouped(name, group).lower(*args).compile()
 
     label = type(kernel).__name__
-    plan = plan_chain_group(
-        required,
-        free,
-        num_chains,
-        compile_group,
-        kernel.program.block_size,
-        kernel=label,
-        multiple=kernel.block_multiple,
-    )
+    try:
+        plan = plan_chain_group(
+            required,
+            free,
+            num_chains,
+            compile_group,
+            kernel.program.block_size,
+            kernel=label,
+            multiple=kernel.block_multiple,
+        )
+    except ValueError as error:
+        if name != "window_end":
+            raise
+        raise ValueError(
+            f"{label}: the Hessian mass matrix of one chain does not fit the "
+            f"device's {_size(free)} free memory (it evaluates 16 D gradients "
+            "at once). Use adapt_mass_matrix=True (NumPyro's windowed "
+            "estimate) for this model."
+        ) from error
     if kernel.program.first_warning(f"chain groups {name}"):
         warnings.warn(
-            chain_groups_message(label, num_chains, required, free, plan),
+            chain_groups_message(label, num_chains, required, free, plan, name),
             UserWarning,
             stacklevel=2,
         )
