@@ -9,7 +9,9 @@ adapted from the draws of all chains (:func:`spread` picks evenly spaced ones):
 * the step size where the estimated stationary acceptance curve falls
   through the target times its plateau (:func:`acceptance_curve`,
   :func:`choose_step_size`): one transition from each pooled draw at each
-  candidate step size, side by side.
+  candidate step size, side by side;
+* chains that accepted nothing in the window restart from another chain's
+  draws first (:func:`restart_stuck`).
 """
 
 from __future__ import annotations
@@ -106,6 +108,28 @@ def choose_step_size(
         jnp.where(count == size, log_f[-1], between),
     )
     return step_size * jnp.exp(log_factor)
+
+
+def restart_stuck(draws: Array, accepted: Array, key: Array) -> tuple[Array, Array]:
+    """Chains that accepted no proposal in a window take another chain's draws.
+
+    ``draws`` ``(C, W, D)`` and ``accepted`` ``(C, W)`` of one window. A chain
+    that rejected every proposal sits where the shared step size is orders of
+    magnitude too large for it (far from the typical set: its acceptance is 0
+    at every candidate of the curve, see :func:`choose_step_size`); one step
+    size cannot serve it and the other chains at once, and its draws would
+    hold the pooled metric and acceptance curve at its starting point. Such a
+    chain continues from the draws of a chain drawn uniformly among those
+    that moved (warmup draws: the chains part again in the next window, each
+    with its own tape). When no chain moved nothing changes. Returns the
+    draws and which chains were restarted.
+    """
+    moved = jnp.any(accepted, axis=1)
+    keep = moved | ~jnp.any(moved)
+    donor = jax.random.categorical(
+        key, jnp.where(moved, 0.0, -jnp.inf), shape=moved.shape
+    )
+    return jnp.where(keep[:, None, None], draws, draws[donor]), ~keep
 
 
 def pooled_inverse_mass(draws: Array, dense: bool) -> Array:
