@@ -77,11 +77,12 @@ def choose_step_size(
     so it plateaus at ``1 - p`` and never reaches a target above that: a rule
     aiming the mean at ``target`` takes the smallest candidate after every
     window and the step size collapses while the stuck points stay stuck.
-    The level aimed at is therefore ``target * max_k accept[k]``:
-    :math:`\bar a \ge \text{target} \, (1 - p)` exactly when
-    :math:`a_{ok} \ge \text{target}`, the target for the points that can
-    move. Where the curve's maximum is 1 (every point accepts at the smaller
-    candidates) the level is ``target`` itself.
+    The level aimed at is therefore ``target * max_k accept[k]``: where the
+    moving points accept everything at the smallest candidates
+    (:math:`\max a_{ok} = 1`), :math:`\bar a \ge \text{target} \, (1 - p)`
+    exactly when :math:`a_{ok} \ge \text{target}`, the target for the
+    points that can move. Where the curve's maximum is 1 (every point
+    accepts at the smaller candidates) the level is ``target`` itself.
 
     The crossing is between the last candidate of the run that starts at the
     curve's maximum and stays at or above the level, and the next candidate,
