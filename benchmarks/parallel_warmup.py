@@ -168,6 +168,7 @@ def run_model(name, ns):
         "fallback_steps": [int(v) for v in windows.fallback_steps],
         "window_accept": [round(float(v), 3) for v in windows.mean_accept_prob],
         "window_step_size": [float(v) for v in windows.step_size],
+        "window_restarted": [int(v) for v in windows.num_restarted],
         "window_critical_path": [int(v) for v in windows.critical_path_gradients],
         "critical_path_gradients": int(result.info.critical_path_gradients),
         "total_gradients": float(result.info.total_gradients),

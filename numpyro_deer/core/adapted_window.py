@@ -3,9 +3,12 @@ r"""One warmup window of all chains at a fixed kernel, then the adaptation.
 The unit :func:`~numpyro_deer.core.parallel_warmup.parallel_warmup` repeats:
 the window's ``C x W`` transitions (:func:`~.warmup_window.window_draws`: the
 sequential scan, or one DEER solve of all chains with a tape per chain), then
-from the second half of its draws pooled over chains the new metric
+chains that accepted no proposal restarted from another chain's draws
+(:func:`~.warmup_adapt.restart_stuck`), then from the second half of its
+draws pooled over chains the new metric
 (:func:`~.warmup_adapt.pooled_inverse_mass` or the inverse mean Hessian) and
-the new step size, where the pooled acceptance curve crosses the target
+the new step size, where the pooled acceptance curve falls through the target
+times its plateau
 (:func:`~.warmup_adapt.acceptance_curve`, :func:`~.warmup_adapt.choose_step_size`),
 and the window's counts (:func:`~.warmup_cost.window_costs`).
 """
@@ -26,6 +29,7 @@ from .warmup_adapt import (
     choose_step_size,
     hessian_inverse_mass,
     pooled_inverse_mass,
+    restart_stuck,
     spread,
 )
 from .warmup_cost import WindowInfo, window_costs
@@ -80,6 +84,9 @@ def warmup_window(
         key,
         stall,
     )
+    draws, restarted = restart_stuck(
+        draws, infos.accepted, jax.random.fold_in(k_curve, 1)
+    )
     pooled = draws[:, num_steps // 2 :].reshape(-1, dim)
 
     hessian_points = 0
@@ -130,6 +137,7 @@ def warmup_window(
         residual=jnp.max(residuals),
         mean_accept_prob=jnp.mean(jnp.where(jnp.isfinite(prob), prob, 0.0)),
         num_diverging=jnp.sum(infos.diverging),
+        num_restarted=jnp.sum(restarted),
         step_size=step_size,
         metric_updated=adapt_metric & usable,
         critical_path_gradients=jnp.asarray(critical, jnp.int32),

@@ -22,8 +22,12 @@ window:
   ``num_curve_points`` pooled draws at each of a few step sizes ``eps * f_k``
   (common random numbers), all in parallel. Their mean acceptance estimates
   the stationary acceptance curve ``a(eps)``; the new step size is where the
-  curve crosses ``target_accept_prob``, interpolated linearly in
-  ``log eps`` between the neighbouring candidates. Dual averaging (Hoffman
+  curve falls through ``target_accept_prob`` times its maximum (points that
+  accept nothing at any candidate left out,
+  :func:`~numpyro_deer.core.warmup_adapt.choose_step_size`), interpolated
+  linearly in ``log eps`` between the neighbouring candidates; chains that
+  accepted no proposal in the window first restart from the draws of moving
+  ones (:func:`~numpyro_deer.core.warmup_adapt.restart_stuck`). Dual averaging (Hoffman
   and Gelman, 2014) exists to average out the noise of one acceptance per
   update with decaying gains; a pooled estimate over hundreds of draws has
   little noise, so root finding on the estimated curve is the direct rule,

@@ -6,9 +6,12 @@ adapted from the draws of all chains (:func:`spread` picks evenly spaced ones):
 * the metric from the pooled variance or covariance
   (:func:`pooled_inverse_mass`, Stan's and NumPyro's regularisation) or the
   inverse mean Hessian (:func:`hessian_inverse_mass`);
-* the step size where the estimated stationary acceptance curve crosses the
-  target (:func:`acceptance_curve`, :func:`choose_step_size`): one transition
-  from each pooled draw at each candidate step size, side by side.
+* the step size where the estimated stationary acceptance curve falls
+  through the target times its plateau (:func:`acceptance_curve`,
+  :func:`choose_step_size`): one transition from each pooled draw at each
+  candidate step size, side by side;
+* chains that accepted nothing in the window restart from another chain's
+  draws first (:func:`restart_stuck`).
 """
 
 from __future__ import annotations
@@ -55,26 +58,79 @@ def acceptance_curve(
 def choose_step_size(
     step_size: Array, factors: Array, accept: Array, target: float
 ) -> Array:
-    """Where the acceptance curve crosses ``target``, linear in ``log eps``.
+    r"""Where the acceptance curve falls through ``target`` times its plateau.
 
-    ``accept[k]`` is the mean acceptance at ``step_size * factors[k]``
-    (factors increasing). The crossing is between the last candidate of the
-    leading run that reaches ``target`` and the next one; when no candidate
-    reaches it the smallest factor is taken, when all do the largest (the next
-    window's curve moves further).
+    ``accept[k]`` is the mean acceptance over the pooled points at
+    ``step_size * factors[k]`` (factors increasing). For a potential twice
+    differentiable where it is finite, each point's acceptance tends to 1 as
+    the step size tends to 0; a point whose own curve has not risen from 0
+    on the grid (a far-out or stuck chain, whose step must be orders of
+    magnitude smaller, or a non-finite potential) accepts nothing at every
+    candidate. With a fraction ``p`` of the points accepting nothing and the
+    others' mean curve ``a_ok``, the mean curve is
+
+    .. math::
+
+        \bar a(\epsilon) = p \cdot 0 + (1 - p) \, a_{ok}(\epsilon),
+        \qquad \max_k \bar a \approx 1 - p ,
+
+    so it plateaus at ``1 - p`` and never reaches a target above that: a rule
+    aiming the mean at ``target`` takes the smallest candidate after every
+    window and the step size collapses while the stuck points stay stuck.
+    The level aimed at is therefore ``target * max_k accept[k]``: where the
+    moving points accept everything at the smallest candidates
+    (:math:`\max a_{ok} = 1`), :math:`\bar a \ge \text{target} \, (1 - p)`
+    exactly when :math:`a_{ok} \ge \text{target}`, the target for the
+    points that can move. Where the curve's maximum is 1 (every point
+    accepts at the smaller candidates) the level is ``target`` itself.
+
+    The crossing is between the last candidate of the run that starts at the
+    curve's maximum and stays at or above the level, and the next candidate,
+    linear in ``log eps``; smaller candidates left of the maximum (rounding
+    noise of acceptances near 1) are ignored. When every candidate reaches
+    the level the largest is taken (the next window's curve moves further);
+    when the curve is 0 everywhere, the smallest.
     """
     log_f = jnp.log(factors)
-    ok = jnp.cumprod(accept >= target).astype(bool)  # leading run only
+    size = factors.shape[0]
+    peak = jnp.argmax(accept)
+    level = target * accept[peak]
+    before = jnp.arange(size) < peak
+    ok = jnp.cumprod((accept >= level) | before).astype(bool)  # the run from peak
     count = jnp.sum(ok)
-    hi = jnp.clip(count, 1, factors.shape[0] - 1)
+    hi = jnp.clip(count, 1, size - 1)
     lo = hi - 1
     gap = accept[lo] - accept[hi]
-    t = jnp.where(gap > 0, (accept[lo] - target) / jnp.where(gap > 0, gap, 1.0), 0.0)
+    t = jnp.where(gap > 0, (accept[lo] - level) / jnp.where(gap > 0, gap, 1.0), 0.0)
     between = log_f[lo] + jnp.clip(t, 0.0, 1.0) * (log_f[hi] - log_f[lo])
     log_factor = jnp.where(
-        count == 0, log_f[0], jnp.where(count == factors.shape[0], log_f[-1], between)
+        accept[peak] <= 0,
+        log_f[0],
+        jnp.where(count == size, log_f[-1], between),
     )
     return step_size * jnp.exp(log_factor)
+
+
+def restart_stuck(draws: Array, accepted: Array, key: Array) -> tuple[Array, Array]:
+    """Chains that accepted no proposal in a window take another chain's draws.
+
+    ``draws`` ``(C, W, D)`` and ``accepted`` ``(C, W)`` of one window. A chain
+    that rejected every proposal sits where the shared step size is orders of
+    magnitude too large for it (far from the typical set: its acceptance is 0
+    at every candidate of the curve, see :func:`choose_step_size`); one step
+    size cannot serve it and the other chains at once, and its draws would
+    hold the pooled metric and acceptance curve at its starting point. Such a
+    chain continues from the draws of a chain drawn uniformly among those
+    that moved (warmup draws: the chains part again in the next window, each
+    with its own tape). When no chain moved nothing changes. Returns the
+    draws and which chains were restarted.
+    """
+    moved = jnp.any(accepted, axis=1)
+    keep = moved | ~jnp.any(moved)
+    donor = jax.random.categorical(
+        key, jnp.where(moved, 0.0, -jnp.inf), shape=moved.shape
+    )
+    return jnp.where(keep[:, None, None], draws, draws[donor]), ~keep
 
 
 def pooled_inverse_mass(draws: Array, dense: bool) -> Array:

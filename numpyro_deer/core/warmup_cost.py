@@ -60,6 +60,9 @@ class WindowInfo(NamedTuple):
         residual: largest certified residual over the chains.
         mean_accept_prob: acceptance pooled over chains and draws.
         num_diverging: draws with a non-finite proposal, all chains.
+        num_restarted: chains that accepted no proposal in the window and
+            continue from another chain's draws
+            (:func:`~.warmup_adapt.restart_stuck`).
         step_size: the window's (fixed) step size.
         metric_updated: the metric was estimated after this window.
         critical_path_gradients: dependent gradients of the window and the
@@ -76,6 +79,7 @@ class WindowInfo(NamedTuple):
     residual: Array
     mean_accept_prob: Array
     num_diverging: Array
+    num_restarted: Array
     step_size: Array
     metric_updated: Array
     critical_path_gradients: Array
