@@ -214,32 +214,6 @@ def test_chain_methods(chain_method):
     assert stats["potential_energy"].shape == (3, 200)
 
 
-def test_vectorized_chains_with_the_sweep_are_the_sequential_chains():
-    # chains solved together hold the sweep back by a traced step count;
-    # the draws are each chain's sequential MALA chain
-    args, kwargs = gaussian_data(0.5)
-    draws = []
-    for method in ("sequential", "deer"):
-        solver = DEERSolver(sweep=4, sweep_after=1, atol=1e-12, rtol=1e-10)
-        kernel = DEERMALA(
-            gaussian_mean_model, block_size=64, method=method, solver=solver
-        )
-        mcmc = MCMC(
-            kernel,
-            num_warmup=50,
-            num_samples=128,
-            num_chains=2,
-            chain_method="vectorized",
-            progress_bar=False,
-        )
-        mcmc.run(jax.random.PRNGKey(6), *args, **kwargs)
-        draws.append(mcmc.get_samples(group_by_chain=True)["mu"])
-    assert draws[1].shape == (2, 128)
-    assert not np.allclose(draws[1][0], draws[1][1])
-    for other in draws[1:]:
-        np.testing.assert_allclose(other, draws[0], atol=1e-8)
-
-
 def test_hessian_basis_gives_the_same_chain_in_fewer_iterations():
     # On a correlated Gaussian the step Jacobian I - eps H is exactly diagonal
     # in the eigenbasis of H, so the diagonal estimate is exact there: the
@@ -327,6 +301,40 @@ def test_deer_and_sequential_methods_give_the_same_chain(
     mcmc.run(jax.random.PRNGKey(5), *args, **kwargs, extra_fields=SEQUENTIAL_FIELDS)
     draws = mcmc.get_samples()["mu"]
     np.testing.assert_allclose(draws, sequential_chain, atol=1e-8)
+
+
+def test_vectorized_chains_with_the_sweep_are_the_sequential_chains(sequential_chain):
+    # chains solved together hold the sweep back by a traced step count; the
+    # draws are each chain's sequential MALA chain: the sequential method's
+    # chains one after the other, through the module's sequential chain's
+    # compiled programs
+    args, kwargs = gaussian_data(0.5)
+    reference = MCMC(
+        DEERMALA(gaussian_mean_model, block_size=64, method="sequential"),
+        num_chains=2,
+        chain_method="sequential",
+        **SEQUENTIAL_RUN,
+    )
+    reference.run(
+        jax.random.PRNGKey(6), *args, **kwargs, extra_fields=SEQUENTIAL_FIELDS
+    )
+    solver = DEERSolver(sweep=4, sweep_after=1, atol=1e-12, rtol=1e-10)
+    kernel = DEERMALA(gaussian_mean_model, block_size=64, method="deer", solver=solver)
+    mcmc = MCMC(
+        kernel,
+        num_warmup=50,
+        num_samples=128,
+        num_chains=2,
+        chain_method="vectorized",
+        progress_bar=False,
+    )
+    mcmc.run(jax.random.PRNGKey(6), *args, **kwargs)
+    draws = mcmc.get_samples(group_by_chain=True)["mu"]
+    assert draws.shape == (2, 128)
+    assert not np.allclose(draws[0], draws[1])
+    np.testing.assert_allclose(
+        draws, reference.get_samples(group_by_chain=True)["mu"], atol=1e-8
+    )
 
 
 def test_unconverged_blocks_fall_back_and_warn(sequential_chain):
