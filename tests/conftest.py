@@ -14,8 +14,10 @@ this block stays at the very top of the file:
   and changes no result the tests compare (the float64 draws were identical
   to every digit). Benchmarks and users compile at the default level.
   Likewise ``--xla_cpu_use_fusion_emitters=false``: XLA's older loop emitters
-  for its fusions compile faster (a test file's time falls by some 15 %), with
-  the same draws (``test_pinned_draws.py``).
+  for its fusions compile faster (a test file's time falls by 15 to 30 %),
+  with the same draws (``test_pinned_draws.py``); a test that needs two
+  programs compiled apart to agree bit for bit compiles with the default
+  emitters (``compiler_options``), as users run.
 
 Float64 is enabled for the whole test session (never in the package itself):
 tests compare DEER against the sequential chain, and in float32 an accept
