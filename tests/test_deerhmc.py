@@ -18,30 +18,36 @@ from numpyro_deer.core import HMC
 from .helpers import gaussian_data
 
 
-def test_deer_and_sequential_methods_give_the_same_chain():
+def _chain(method, jacobian="stochastic"):
+    """128 draws of a Gaussian mean, from key 5, with their acceptance."""
     args, kwargs = gaussian_data(0.5)
-    draws = []
-    for method, jacobian in (
-        ("sequential", "stochastic"),
-        ("deer", "stochastic"),
-        ("deer", "full"),
-    ):
-        solver = DEERSolver(jacobian=jacobian, atol=1e-12, rtol=1e-10)
-        kernel = DEERHMC(
-            gaussian_mean_model,
-            num_steps=3,
-            block_size=64,
-            method=method,
-            solver=solver,
-        )
-        mcmc = MCMC(kernel, num_warmup=50, num_samples=128, progress_bar=False)
-        mcmc.run(jax.random.PRNGKey(5), *args, **kwargs, extra_fields=("accept_prob",))
-        draws.append(mcmc.get_samples()["mu"])
-        accept = float(np.mean(mcmc.get_extra_fields()["accept_prob"]))
-        assert 0.5 < accept < 1.0
-    assert not np.allclose(draws[0][:-1], draws[0][1:])  # the chain moves
-    for other in draws[1:]:
-        np.testing.assert_allclose(other, draws[0], atol=1e-8)
+    solver = DEERSolver(jacobian=jacobian, atol=1e-12, rtol=1e-10)
+    kernel = DEERHMC(
+        gaussian_mean_model, num_steps=3, block_size=64, method=method, solver=solver
+    )
+    mcmc = MCMC(kernel, num_warmup=50, num_samples=128, progress_bar=False)
+    mcmc.run(jax.random.PRNGKey(5), *args, **kwargs, extra_fields=("accept_prob",))
+    accept = float(np.mean(mcmc.get_extra_fields()["accept_prob"]))
+    assert 0.5 < accept < 1.0
+    return np.asarray(mcmc.get_samples()["mu"])
+
+
+@pytest.fixture(scope="module")
+def sequential_chain():
+    """The sequential method's chain (the chain itself), run once."""
+    draws = _chain("sequential")
+    assert not np.allclose(draws[:-1], draws[1:])  # the chain moves
+    return draws
+
+
+# the full Jacobian's HMC solve against its chain: test_hmc.py (core) and
+# test_sharded.py; through the driver it is the stochastic one's path, so the
+# default run takes the default Jacobian only
+@pytest.mark.parametrize(
+    "jacobian", ["stochastic", pytest.param("full", marks=pytest.mark.slow)]
+)
+def test_deer_and_sequential_methods_give_the_same_chain(sequential_chain, jacobian):
+    np.testing.assert_allclose(_chain("deer", jacobian), sequential_chain, atol=1e-8)
 
 
 def test_posterior_matches_the_closed_form():

@@ -108,6 +108,56 @@ def test_continuation_equals_one_long_run(warm_driver):
     np.testing.assert_allclose(mcmc.get_samples()["mu"], both, rtol=1e-10)
 
 
+# the tests of the warm driver come one after the other: the compile cache
+# keeps the most recently used programs, and other tests' would push its out
+def test_pickle(warm_driver):
+    mcmc, _, _ = warm_driver
+    restored = pickle.loads(pickle.dumps(mcmc))
+    assert restored.sampler.program is None  # the run's functions were dropped
+    np.testing.assert_array_equal(
+        restored.post_warmup_state.z["mu"], mcmc.post_warmup_state.z["mu"]
+    )
+
+
+def test_arviz_conversion(warm_driver):
+    az = pytest.importorskip("arviz")
+    mcmc, args, kwargs = warm_driver
+    mcmc.post_warmup_state = mcmc.last_state or mcmc.post_warmup_state
+    mcmc.run(jax.random.PRNGKey(7), *args, **kwargs)
+    data = az.from_numpyro(mcmc)
+    stats = data.sample_stats
+    for name in ("acceptance_rate", "step_size", "lp", "diverging"):
+        assert name in stats, name
+    assert stats["acceptance_rate"].shape == (1, mcmc.num_samples)
+    np.testing.assert_allclose(
+        np.asarray(data.posterior["mu"]).ravel(), mcmc.get_samples()["mu"]
+    )
+    # ArviZ 0.23 gives an InferenceData, 1.x a DataTree; both have these columns
+    summary = az.summary(data, var_names=["mu"])
+    assert {"mean", "sd", "ess_bulk", "r_hat"} <= set(summary.columns)
+    assert summary.loc["mu", "mean"] == pytest.approx(2.0, abs=0.3)
+
+
+def test_normal_posterior_mean_and_std(warm_driver):
+    """``mu`` given 20 observations of 2.0 with unit noise and a N(0, 10) prior."""
+    mcmc, args, kwargs = warm_driver
+    # 8,192 draws as 64 runs of 128 that continue each other (one long run's
+    # draws: test_continuation_equals_one_long_run), through the compiled
+    # programs of the module's other runs of 128 draws
+    mcmc.post_warmup_state = mcmc.last_state
+    mcmc.run(jax.random.PRNGKey(8), *args, **kwargs)
+    runs = [mcmc.get_samples()["mu"]]
+    while len(runs) < 64:
+        mcmc.post_warmup_state = mcmc.last_state
+        mcmc.run(mcmc.last_state.rng_key, *args, **kwargs)
+        runs.append(mcmc.get_samples()["mu"])
+    draws = np.concatenate(runs)
+    assert draws.shape == (8192,)
+    precision = 1 / 10.0**2 + 20
+    np.testing.assert_allclose(np.mean(draws), 40 / precision, rtol=0.07)
+    np.testing.assert_allclose(np.std(draws), precision**-0.5, rtol=0.07)
+
+
 def test_progress_bar_gives_the_same_draws():
     # the stock comparison's settings (thinning 3, blocks of 64): its compiled
     # programs serve both runs
@@ -127,6 +177,26 @@ def test_progress_bar_gives_the_same_draws():
     np.testing.assert_allclose(draws[0], draws[1], rtol=1e-10)
 
 
+@pytest.mark.parametrize("jit_model_args", [False, True])
+def test_rerun_on_new_data(jit_model_args):
+    # the stock comparison's settings: without jit_model_args its compiled
+    # programs serve these runs (the data are arguments of the programs)
+    mcmc = _driver(
+        STOCK_RUN_CONFIG["block_size"],
+        **STOCK_RUN_CONFIG["mcmc"],
+        jit_model_args=jit_model_args,
+    )
+    for value in (3.0, -3.0):
+        args, kwargs = gaussian_data(value)
+        mcmc.run(
+            jax.random.PRNGKey(0),
+            *args,
+            **kwargs,
+            extra_fields=STOCK_RUN_CONFIG["extra"],
+        )
+        np.testing.assert_allclose(np.mean(mcmc.get_samples()["mu"]), value, atol=0.1)
+
+
 # vectorized chains through this driver: test_reliability.py's four chains of
 # four normals (the same assertions) and the vectorized sweep test below
 @pytest.mark.parametrize("chain_method", ["parallel"])
@@ -142,67 +212,6 @@ def test_chain_methods(chain_method):
     np.testing.assert_allclose(np.mean(draws), -1.0, atol=0.3)
     stats = mcmc.get_extra_fields(group_by_chain=True)
     assert stats["potential_energy"].shape == (3, 200)
-
-
-# 50 warmup steps and 128 draws in blocks of 64 from key 5, data 0.5: the
-# sequential chain that the DEER runs below are compared with
-SEQUENTIAL_RUN = {"num_warmup": 50, "num_samples": 128, "progress_bar": False}
-
-
-@pytest.fixture(scope="module")
-def sequential_chain():
-    """The draws of the sequential scan (the chain itself), run once."""
-    args, kwargs = gaussian_data(0.5)
-    reference = MCMC(
-        DEERMALA(gaussian_mean_model, block_size=64, method="sequential"),
-        **SEQUENTIAL_RUN,
-    )
-    reference.run(jax.random.PRNGKey(5), *args, **kwargs)
-    return np.asarray(reference.get_samples()["mu"])
-
-
-def test_deer_and_sequential_methods_give_the_same_chain(sequential_chain):
-    # the solver's settings change the work, not the chain
-    args, kwargs = gaussian_data(0.5)
-    for jacobian, sweep in (
-        ("stochastic", 0),
-        ("full", 0),  # spectral-norm clipped by default
-        ("stochastic", 4),  # sequential segments first
-    ):
-        solver = DEERSolver(jacobian=jacobian, sweep=sweep, atol=1e-12, rtol=1e-10)
-        kernel = DEERMALA(
-            gaussian_mean_model, block_size=64, method="deer", solver=solver
-        )
-        mcmc = MCMC(kernel, **SEQUENTIAL_RUN)
-        mcmc.run(jax.random.PRNGKey(5), *args, **kwargs)
-        draws = mcmc.get_samples()["mu"]
-        np.testing.assert_allclose(draws, sequential_chain, atol=1e-8)
-
-
-def test_vectorized_chains_with_the_sweep_are_the_sequential_chains():
-    # chains solved together hold the sweep back by a traced step count;
-    # the draws are each chain's sequential MALA chain
-    args, kwargs = gaussian_data(0.5)
-    draws = []
-    for method in ("sequential", "deer"):
-        solver = DEERSolver(sweep=4, sweep_after=1, atol=1e-12, rtol=1e-10)
-        kernel = DEERMALA(
-            gaussian_mean_model, block_size=64, method=method, solver=solver
-        )
-        mcmc = MCMC(
-            kernel,
-            num_warmup=50,
-            num_samples=128,
-            num_chains=2,
-            chain_method="vectorized",
-            progress_bar=False,
-        )
-        mcmc.run(jax.random.PRNGKey(6), *args, **kwargs)
-        draws.append(mcmc.get_samples(group_by_chain=True)["mu"])
-    assert draws[1].shape == (2, 128)
-    assert not np.allclose(draws[1][0], draws[1][1])
-    for other in draws[1:]:
-        np.testing.assert_allclose(other, draws[0], atol=1e-8)
 
 
 def test_hessian_basis_gives_the_same_chain_in_fewer_iterations():
@@ -247,15 +256,94 @@ def test_hessian_basis_gives_the_same_chain_in_fewer_iterations():
     assert hessian < 0.5 * whitened, (hessian, whitened)
 
 
+# 50 warmup steps and 128 draws in blocks of 64 from key 5, data 0.5: the
+# sequential chain that the DEER runs below are compared with
+SEQUENTIAL_RUN = {"num_warmup": 50, "num_samples": 128, "progress_bar": False}
+# the fields that the runs of these settings collect: the collected fields are
+# part of the warmup programs' compile key, so all of them share one warmup
+# (the tests of these settings come one after the other, for the compile cache)
+SEQUENTIAL_FIELDS = ("deer_converged",)
+
+
+@pytest.fixture(scope="module")
+def sequential_chain():
+    """The draws of the sequential scan (the chain itself), run once."""
+    args, kwargs = gaussian_data(0.5)
+    reference = MCMC(
+        DEERMALA(gaussian_mean_model, block_size=64, method="sequential"),
+        **SEQUENTIAL_RUN,
+    )
+    reference.run(
+        jax.random.PRNGKey(5), *args, **kwargs, extra_fields=SEQUENTIAL_FIELDS
+    )
+    return np.asarray(reference.get_samples()["mu"])
+
+
+# the solver's settings change the work, not the chain; the full Jacobian
+# (spectral-norm clipped by default) solves the chain in test_newton.py and
+# test_hmc.py, and the kernel's block in test_mesh.py: through the driver it
+# takes the stochastic one's path, so the default run leaves it out
+@pytest.mark.parametrize(
+    ("jacobian", "sweep"),
+    [
+        ("stochastic", 0),
+        pytest.param("full", 0, marks=pytest.mark.slow),
+        ("stochastic", 4),  # sequential segments first
+    ],
+)
+def test_deer_and_sequential_methods_give_the_same_chain(
+    sequential_chain, jacobian, sweep
+):
+    args, kwargs = gaussian_data(0.5)
+    solver = DEERSolver(jacobian=jacobian, sweep=sweep, atol=1e-12, rtol=1e-10)
+    kernel = DEERMALA(gaussian_mean_model, block_size=64, method="deer", solver=solver)
+    mcmc = MCMC(kernel, **SEQUENTIAL_RUN)
+    mcmc.run(jax.random.PRNGKey(5), *args, **kwargs, extra_fields=SEQUENTIAL_FIELDS)
+    draws = mcmc.get_samples()["mu"]
+    np.testing.assert_allclose(draws, sequential_chain, atol=1e-8)
+
+
+def test_vectorized_chains_with_the_sweep_are_the_sequential_chains(sequential_chain):
+    # chains solved together hold the sweep back by a traced step count; the
+    # draws are each chain's sequential MALA chain: the sequential method's
+    # chains one after the other, through the module's sequential chain's
+    # compiled programs
+    args, kwargs = gaussian_data(0.5)
+    reference = MCMC(
+        DEERMALA(gaussian_mean_model, block_size=64, method="sequential"),
+        num_chains=2,
+        chain_method="sequential",
+        **SEQUENTIAL_RUN,
+    )
+    reference.run(
+        jax.random.PRNGKey(6), *args, **kwargs, extra_fields=SEQUENTIAL_FIELDS
+    )
+    solver = DEERSolver(sweep=4, sweep_after=1, atol=1e-12, rtol=1e-10)
+    kernel = DEERMALA(gaussian_mean_model, block_size=64, method="deer", solver=solver)
+    mcmc = MCMC(
+        kernel,
+        num_warmup=50,
+        num_samples=128,
+        num_chains=2,
+        chain_method="vectorized",
+        progress_bar=False,
+    )
+    mcmc.run(jax.random.PRNGKey(6), *args, **kwargs)
+    draws = mcmc.get_samples(group_by_chain=True)["mu"]
+    assert draws.shape == (2, 128)
+    assert not np.allclose(draws[0], draws[1])
+    np.testing.assert_allclose(
+        draws, reference.get_samples(group_by_chain=True)["mu"], atol=1e-8
+    )
+
+
 def test_unconverged_blocks_fall_back_and_warn(sequential_chain):
     args, kwargs = gaussian_data(0.5)
     solver = DEERSolver(max_iter=2, max_solves=1)
     kernel = DEERMALA(gaussian_mean_model, block_size=64, solver=solver, method="deer")
     mcmc = MCMC(kernel, num_warmup=50, num_samples=128, progress_bar=False)
     with pytest.warns(DEERConvergenceWarning, match="2 of 2 blocks"):
-        mcmc.run(
-            jax.random.PRNGKey(5), *args, **kwargs, extra_fields=("deer_converged",)
-        )
+        mcmc.run(jax.random.PRNGKey(5), *args, **kwargs, extra_fields=SEQUENTIAL_FIELDS)
     assert not np.any(mcmc.get_extra_fields()["deer_converged"])
     # the states before each solve's front are DEER's (certified to the float64
     # tolerance), the rest were computed sequentially from the front
@@ -268,7 +356,7 @@ def test_unconverged_blocks_fall_back_and_warn(sequential_chain):
         ):
             # the same fields: the first run's compiled programs serve
             mcmc.run(
-                jax.random.PRNGKey(6), *args, **kwargs, extra_fields=("deer_converged",)
+                jax.random.PRNGKey(6), *args, **kwargs, extra_fields=SEQUENTIAL_FIELDS
             )
 
 
@@ -286,7 +374,7 @@ def test_on_failure_warn_keeps_the_iterate_and_raise_stops(sequential_chain):
     )
     mcmc = MCMC(kernel, num_warmup=50, num_samples=128, progress_bar=False)
     with pytest.warns(DEERConvergenceWarning, match="iteration limit.*NOT the chain"):
-        mcmc.run(jax.random.PRNGKey(5), *args, **kwargs)
+        mcmc.run(jax.random.PRNGKey(5), *args, **kwargs, extra_fields=SEQUENTIAL_FIELDS)
     draws = np.asarray(mcmc.get_samples()["mu"])
     # one iteration makes the first step of the block exact; the rest of the
     # block is the solve's iterate, not the chain (nor is the next block, which
@@ -303,31 +391,35 @@ def test_on_failure_warn_keeps_the_iterate_and_raise_stops(sequential_chain):
     )
     mcmc = MCMC(kernel, num_warmup=50, num_samples=128, progress_bar=False)
     with pytest.raises(DEERConvergenceError, match="iteration limit"):
-        mcmc.run(jax.random.PRNGKey(5), *args, **kwargs)
+        mcmc.run(jax.random.PRNGKey(5), *args, **kwargs, extra_fields=SEQUENTIAL_FIELDS)
     # under stock MCMC the error comes through JAX's runtime error
     stock = StockMCMC(kernel, num_warmup=50, num_samples=128, progress_bar=False)
     with pytest.raises(RuntimeError, match="DEERConvergenceError.*iteration limit"):
         stock.run(jax.random.PRNGKey(5), *args, **kwargs)
 
 
-@pytest.mark.parametrize("jit_model_args", [False, True])
-def test_rerun_on_new_data(jit_model_args):
-    # the stock comparison's settings: without jit_model_args its compiled
-    # programs serve these runs (the data are arguments of the programs)
-    mcmc = _driver(
-        STOCK_RUN_CONFIG["block_size"],
-        **STOCK_RUN_CONFIG["mcmc"],
-        jit_model_args=jit_model_args,
-    )
-    for value in (3.0, -3.0):
-        args, kwargs = gaussian_data(value)
-        mcmc.run(
-            jax.random.PRNGKey(0),
-            *args,
-            **kwargs,
-            extra_fields=STOCK_RUN_CONFIG["extra"],
-        )
-        np.testing.assert_allclose(np.mean(mcmc.get_samples()["mu"]), value, atol=0.1)
+def test_block_memory_is_checked_against_the_device(monkeypatch):
+    """A block that needs more than the device has free fails before it runs."""
+    from numpyro_deer.infer import memory as _memory
+
+    with pytest.raises(ValueError, match="block_size=2 or smaller"):
+        _memory.check_block_memory(10 * 2**30, 4 * 2**30, 8)
+    _memory.check_block_memory(2**30, 4 * 2**30, 8)  # fits: no error
+    _memory.check_block_memory(2**30, None, 8)  # device without statistics
+
+    # the buffer of 64 draws (64 x (1 + 4) float64 = 2,560 bytes) fits in 4 KiB,
+    # the compiled block step does not: the driver's check raises
+    monkeypatch.setattr(_memory, "free_device_bytes", lambda device=None: 4096)
+    args, kwargs = gaussian_data(1.0)
+    # the sequential chain's kernel and sizes: its compiled programs serve this
+    # run (on the CPU they were not checked, the CPU reporting no free memory),
+    # and its block program's memory is checked now
+    kernel = DEERMALA(gaussian_mean_model, block_size=64, method="sequential")
+    mcmc = MCMC(kernel, **SEQUENTIAL_RUN)
+    with pytest.raises(
+        ValueError, match=r"DEERMALA\(block_size=64\) needs about .* per block"
+    ):
+        mcmc.run(jax.random.PRNGKey(0), *args, **kwargs, extra_fields=SEQUENTIAL_FIELDS)
 
 
 # one case per code path in the default run: the simplex (a transform that
@@ -380,77 +472,6 @@ def test_non_block_kernels_run_as_in_numpyro():
         mcmc.progress_bar = False
         mcmc.run(jax.random.PRNGKey(0), *args, **kwargs)
     np.testing.assert_array_equal(ours.get_samples()["mu"], theirs.get_samples()["mu"])
-
-
-def test_pickle(warm_driver):
-    mcmc, _, _ = warm_driver
-    restored = pickle.loads(pickle.dumps(mcmc))
-    assert restored.sampler.program is None  # the run's functions were dropped
-    np.testing.assert_array_equal(
-        restored.post_warmup_state.z["mu"], mcmc.post_warmup_state.z["mu"]
-    )
-
-
-def test_arviz_conversion(warm_driver):
-    az = pytest.importorskip("arviz")
-    mcmc, args, kwargs = warm_driver
-    mcmc.post_warmup_state = mcmc.last_state or mcmc.post_warmup_state
-    mcmc.run(jax.random.PRNGKey(7), *args, **kwargs)
-    data = az.from_numpyro(mcmc)
-    stats = data.sample_stats
-    for name in ("acceptance_rate", "step_size", "lp", "diverging"):
-        assert name in stats, name
-    assert stats["acceptance_rate"].shape == (1, mcmc.num_samples)
-    np.testing.assert_allclose(
-        np.asarray(data.posterior["mu"]).ravel(), mcmc.get_samples()["mu"]
-    )
-    # ArviZ 0.23 gives an InferenceData, 1.x a DataTree; both have these columns
-    summary = az.summary(data, var_names=["mu"])
-    assert {"mean", "sd", "ess_bulk", "r_hat"} <= set(summary.columns)
-    assert summary.loc["mu", "mean"] == pytest.approx(2.0, abs=0.3)
-
-
-def test_normal_posterior_mean_and_std(warm_driver):
-    """``mu`` given 20 observations of 2.0 with unit noise and a N(0, 10) prior."""
-    mcmc, args, kwargs = warm_driver
-    # 8,192 draws as 64 runs of 128 that continue each other (one long run's
-    # draws: test_continuation_equals_one_long_run), through the compiled
-    # programs of the module's other runs of 128 draws
-    mcmc.post_warmup_state = mcmc.last_state
-    mcmc.run(jax.random.PRNGKey(8), *args, **kwargs)
-    runs = [mcmc.get_samples()["mu"]]
-    while len(runs) < 64:
-        mcmc.post_warmup_state = mcmc.last_state
-        mcmc.run(mcmc.last_state.rng_key, *args, **kwargs)
-        runs.append(mcmc.get_samples()["mu"])
-    draws = np.concatenate(runs)
-    assert draws.shape == (8192,)
-    precision = 1 / 10.0**2 + 20
-    np.testing.assert_allclose(np.mean(draws), 40 / precision, rtol=0.07)
-    np.testing.assert_allclose(np.std(draws), precision**-0.5, rtol=0.07)
-
-
-def test_block_memory_is_checked_against_the_device(monkeypatch):
-    """A block that needs more than the device has free fails before it runs."""
-    from numpyro_deer.infer import memory as _memory
-
-    with pytest.raises(ValueError, match="block_size=2 or smaller"):
-        _memory.check_block_memory(10 * 2**30, 4 * 2**30, 8)
-    _memory.check_block_memory(2**30, 4 * 2**30, 8)  # fits: no error
-    _memory.check_block_memory(2**30, None, 8)  # device without statistics
-
-    # the buffer of 64 draws (64 x (1 + 4) float64 = 2,560 bytes) fits in 4 KiB,
-    # the compiled block step does not: the driver's check raises
-    monkeypatch.setattr(_memory, "free_device_bytes", lambda device=None: 4096)
-    args, kwargs = gaussian_data(1.0)
-    # the sequential chain's sizes: its warmup programs (which depend neither on
-    # the method nor on the solver) serve this run; the block program is new,
-    # so its memory is checked
-    mcmc = _driver(**SEQUENTIAL_RUN)
-    with pytest.raises(
-        ValueError, match=r"DEERMALA\(block_size=64\) needs about .* per block"
-    ):
-        mcmc.run(jax.random.PRNGKey(0), *args, **kwargs)
 
 
 @pytest.mark.parametrize("chain_method", ["sequential", "vectorized"])

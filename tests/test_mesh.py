@@ -11,8 +11,10 @@ must give the draws of the unsharded one within ``1e-10``:
   unsharded kernel with ``method="sequential"``;
 * two vectorized chains over a ``2 x 4`` mesh (chains over its ``"chain"``
   axis, each chain's blocks over its ``"time"`` axis), default and full
-  Jacobians, against the unsharded kernel's two vectorized chains; slow: four
-  chains on the two rows, and stock ``numpyro.infer.MCMC``;
+  Jacobians, against the unsharded kernel's two sequential chains (its two
+  vectorized chains are the same draws, to the last digit); slow: four
+  chains on the two rows, and stock ``numpyro.infer.MCMC``, against the
+  unsharded kernel's vectorized chains;
 * block by block for :class:`~numpyro_deer.DEERHMC`, through stock
   ``numpyro.infer.MCMC``, and over two processes of four devices each
   (``jax.distributed`` with CPU collectives): slow, other compiled programs
@@ -291,13 +293,15 @@ def vectorized_reference():
     return _run_vectorized(_kernel("diag", method="sequential"))
 
 
-# "stochastic" is DEERSolver's default Jacobian
+# "stochastic" is DEERSolver's default Jacobian; the reference is the module's
+# two sequential chains of the unsharded kernel (the draws of its two
+# vectorized chains: their programs are not compiled again here)
 @pytest.mark.parametrize("name", ["stochastic", "full"])
 def test_vectorized_chains_over_a_chain_axis_give_the_unsharded_draws(
-    vectorized_reference, chain_mesh, name
+    runs, chain_mesh, name
 ):
     sharded = _run_vectorized(_kernel(name, chain_mesh, basis="whitened"))
-    _assert_same_chains(sharded, vectorized_reference, 2)
+    _assert_same_chains(sharded, runs["plain"], 2)
     draws = sharded.get_samples(group_by_chain=True)["x"]
     assert np.max(np.abs(draws[0] - draws[1])) > 0.1  # two chains
     # each chain's state on its own row of the mesh

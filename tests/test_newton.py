@@ -192,6 +192,19 @@ def solved(targets):
     return get
 
 
+@pytest.fixture(scope="module")
+def logreg_solved(targets):
+    """``solver -> (states, aux, info)``: the logistic regression target's
+    block (hard gate), each solver's solve compiled and run once."""
+
+    @functools.cache
+    def get(solver):
+        target = targets["logreg"]
+        return _run(_jitted_solve(target.step_fn(), solver), target)
+
+    return get
+
+
 def residual_bound(states):
     return (ATOL + RTOL * np.max(np.abs(states))) / (1.0 - RTOL)
 
@@ -443,10 +456,10 @@ def test_restarts_with_small_max_iter_still_converge(targets):
     assert float(info.residual) <= residual_bound(states)
 
 
-def test_unfinished_block_reports_its_exact_prefix(targets):
+def test_unfinished_block_reports_its_exact_prefix(targets, logreg_solved):
     target = targets["logreg"]
     solver = _solver(DiagonalJacobian(clip=None), max_iter=3, max_solves=1)
-    states, _, info = _run(_jitted_solve(target.step_fn(), solver), target)
+    states, _, info = logreg_solved(solver)
 
     assert not bool(info.converged)
     assert int(info.result) == RESULTS.max_iterations_reached
@@ -509,13 +522,17 @@ def test_sweep_segments_are_sequential_and_stop_at_the_next_start(passes):
     assert out[3 + steps + 1] == -1.0  # past the second segment's steps: untouched
 
 
-def test_sweep_keeps_the_chain_and_moves_the_front_by_sweep_plus_one(targets):
+# the three-iteration solves of the logistic regression (plain, and swept from
+# iteration 0, 1 or 3) are compiled and run once for the tests below and
+# test_unfinished_block_reports_its_exact_prefix (logreg_solved)
+def test_sweep_keeps_the_chain_and_moves_the_front_by_sweep_plus_one(
+    targets, logreg_solved
+):
     target = targets["logreg"]
-    step_fn = target.step_fn()
     plain = _solver(DiagonalJacobian(clip=None), max_iter=3, max_solves=1)
     swept = _solver(DiagonalJacobian(clip=None), max_iter=3, max_solves=1, sweep=SWEEP)
-    _, _, info_plain = _run(_jitted_solve(step_fn, plain), target)
-    states, _, info = _run(_jitted_solve(step_fn, swept), target)
+    _, _, info_plain = logreg_solved(plain)
+    states, _, info = logreg_solved(swept)
 
     # each iteration certifies the SWEEP steps past the exact first unfrozen one
     front = int(info.front)
@@ -524,11 +541,10 @@ def test_sweep_keeps_the_chain_and_moves_the_front_by_sweep_plus_one(targets):
     assert_allclose(states[:front], target.seq_states[:front], **MATCH)
 
 
-def test_sweep_after_holds_the_sweep_back(targets):
+def test_sweep_after_holds_the_sweep_back(targets, logreg_solved):
     # sweep_after=3 with 3 iterations: no sweep, the plain solve's front;
     # sweep_after=1: two swept iterations, each moving the front by SWEEP + 1
     target = targets["logreg"]
-    step_fn = target.step_fn()
     fronts = {}
     for after in (0, 1, 3):
         solver = _solver(
@@ -538,13 +554,13 @@ def test_sweep_after_holds_the_sweep_back(targets):
             sweep=SWEEP,
             sweep_after=after,
         )
-        states, _, info = _run(_jitted_solve(step_fn, solver), target)
+        states, _, info = logreg_solved(solver)
         fronts[after] = int(info.front)
         assert_allclose(
             states[: fronts[after]], target.seq_states[: fronts[after]], **MATCH
         )
     plain = _solver(DiagonalJacobian(clip=None), max_iter=3, max_solves=1)
-    assert fronts[3] == int(_run(_jitted_solve(step_fn, plain), target)[2].front)
+    assert fronts[3] == int(logreg_solved(plain)[2].front)
     assert fronts[1] >= 2 * (SWEEP + 1)
     assert fronts[0] > fronts[1] > fronts[3]
 
@@ -613,7 +629,16 @@ def test_swept_solve_equals_sequential_even_at_zero_tolerance(targets):
         sweep=SWEEP,
         sweep_after=0,
     )
-    states, aux, info = _run(_jitted_solve(target.step_fn(), solver), target)
+    # bit for bit: the sweep's sequential step and the batched step are
+    # compiled apart, and reproduce each other's bits with XLA's default CPU
+    # fusion emitters (the ones users run; conftest turns them off to compile
+    # faster, and with the older emitters they differ in the last bit)
+    step_fn = target.step_fn()
+    solve = jax.jit(
+        lambda x0, tape, key: deer_solve(step_fn, x0, tape, key, solver),
+        compiler_options={**_COMPILER_OPTIONS, "xla_cpu_use_fusion_emitters": True},
+    )
+    states, aux, info = _run(solve, target)
 
     assert bool(info.converged)
     assert int(info.solves) == 1
