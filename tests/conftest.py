@@ -13,7 +13,8 @@ this block stays at the very top of the file:
   LLVM's optimisation of them roughly halves a run's wall time when skipped,
   and changes no result the tests compare (the float64 draws were identical
   to every digit). Benchmarks and users compile at the default level.
-  Likewise ``--xla_cpu_use_fusion_emitters=false``: XLA's older loop emitters
+  Likewise ``--xla_cpu_use_fusion_emitters=false`` (jaxlib 0.10; later jaxlibs
+  do not know it): XLA's older loop emitters
   for its fusions compile faster (a test file's time falls by 15 to 30 %),
   with the same draws (``test_pinned_draws.py``); a test that needs two
   programs compiled apart to agree bit for bit compiles with the default
@@ -25,16 +26,24 @@ decision within rounding of its threshold can make two valid chains part ways.
 """
 
 import os
+from importlib.metadata import version
+
+
+def _jaxlib_version() -> tuple[int, ...]:
+    """jaxlib's ``(major, minor)``, read before jax initialises XLA."""
+    return tuple(int(part) for part in version("jaxlib").split(".")[:2])
+
 
 _DEVICE_COUNT_FLAG = "--xla_force_host_platform_device_count=8"
 _xla_flags = os.environ.get("XLA_FLAGS", "")
 if "xla_force_host_platform_device_count" not in _xla_flags:
     os.environ["XLA_FLAGS"] = f"{_xla_flags} {_DEVICE_COUNT_FLAG}".strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
-_FAST_COMPILE_FLAGS = (
-    "--xla_backend_optimization_level=0",
-    "--xla_cpu_use_fusion_emitters=false",
-)
+_FAST_COMPILE_FLAGS = ("--xla_backend_optimization_level=0",)
+# jaxlib 0.12 no longer knows the emitters' flag (XLA aborts on an unknown
+# flag); it was measured with jaxlib 0.10
+if _jaxlib_version() < (0, 11):
+    _FAST_COMPILE_FLAGS += ("--xla_cpu_use_fusion_emitters=false",)
 if os.environ["JAX_PLATFORMS"] == "cpu" and "optimization_level" not in _xla_flags:
     os.environ["XLA_FLAGS"] += " " + " ".join(_FAST_COMPILE_FLAGS)
 
