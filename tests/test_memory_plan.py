@@ -180,6 +180,34 @@ def test_plan_of_memory_through_zero_fits_at_the_first_guess():
     assert plan.required <= 39e9
 
 
+def test_plan_from_one_chain_widens_the_group_on_the_measured_line():
+    # the all-chains compile ran out of memory (required unknown): one chain's
+    # bytes (0.7 GB fixed + 76 MB per chain) drawn through zero give groups of
+    # 64; the line through both measured points gives 2 groups of 512
+    def bytes_of(g):
+        return 0.7e9 + 0.076e9 * g
+
+    compiled = []
+
+    def compile_group(g):
+        compiled.append(g)
+        return _Program(bytes=bytes_of(g), group=g)
+
+    plan = memory.plan_chain_group(None, 58.3e9, 1024, compile_group, 512)
+    assert compiled == [1, 64, 512]
+    assert (plan.size, plan.groups) == (512, 2) and plan.required <= 58.3e9
+    assert plan.compiled.group == 512
+
+    # a wider group whose compile runs out of memory keeps the planned one
+    def compile_or_fail(g):
+        if g == 512:
+            raise RuntimeError("RESOURCE_EXHAUSTED: Out of memory while trying")
+        return _Program(bytes=bytes_of(g), group=g)
+
+    plan = memory.plan_chain_group(None, 58.3e9, 1024, compile_or_fail, 512)
+    assert (plan.size, plan.groups) == (64, 16)
+
+
 def test_plan_falls_back_to_groups_of_one_chain_then_raises():
     # far from linear: the guesses miss, a chain alone fits
     plan, compiled = _plan(lambda g: 1e9 if g == 1 else 60e9, 10e9)

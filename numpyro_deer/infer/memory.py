@@ -176,7 +176,9 @@ def plan_chain_group(
     ``required`` is the block program's memory with all ``num_chains`` chains
     at once (more than ``free``; ``None`` where its compile ran out of memory:
     then one chain's program is compiled first and the line drawn through
-    zero and its bytes); ``compile_group(g)`` compiles the block in
+    zero and its bytes, and a group that fits on that line is widened once
+    on the line through both measured points, :func:`_wider`);
+    ``compile_group(g)`` compiles the block in
     groups of ``g`` chains. Memory is about linear in the group size, ``a +
     b g`` (``a``: the arguments of every chain, the collection of draws; ``b
     g``: a group's solve). The first guess takes ``a = 0`` (``b = required /
@@ -189,12 +191,14 @@ def plan_chain_group(
         ValueError: a block of one chain does not fit either
             (:func:`check_block_memory`'s message, with its ``block_size``).
     """
+    one_chain = None
     if required is None:  # unknown (its compile ran out of memory): one chain's
         one = compile_group(1)
         used = compiled_bytes(one)
         if used is None or used <= free / num_chains:
             return ChainGroups(1, num_chains, used, one)
         required = used * num_chains  # the line through zero and one chain
+        one_chain = (1, used)
     points = [(num_chains, required)]
     guess = math.floor(num_chains * FILL * free / required)
     for attempt in range(MAX_COMPILES):
@@ -204,7 +208,10 @@ def plan_chain_group(
         used = compiled_bytes(compiled)
         groups = -(-num_chains // g)
         if used is None or used <= free:
-            return ChainGroups(g, groups, used, compiled)
+            plan = ChainGroups(g, groups, used, compiled)
+            if one_chain is None or used is None or g == 1:
+                return plan
+            return _wider(plan, one_chain, free, num_chains, compile_group)
         if g == 1:
             check_block_memory(
                 used,
@@ -221,6 +228,31 @@ def plan_chain_group(
         guess = math.floor((FILL * free - (b1 - slope * g1)) / slope)
         guess = min(guess, g - 1)  # below 1: the line says one chain does not fit
     raise AssertionError("unreachable: the last attempt is a group of one")
+
+
+def _wider(plan: ChainGroups, one_chain, free, num_chains, compile_group):
+    """``plan``, or a group at least twice as large that fits: the line through
+    zero and one chain's bytes counts the fixed part (every chain's arguments)
+    per chain. One more compile, on the line through both measured points; a
+    compile that runs out of memory keeps ``plan``."""
+    (g1, b1), g, b = one_chain, plan.size, plan.required
+    slope = (b - b1) / (g - g1)
+    if slope <= 0:
+        return plan
+    wider = math.floor((FILL * free - (b - slope * g)) / slope)
+    if wider < 2 * g:
+        return plan
+    wider = group_size(num_chains, min(wider, num_chains - 1))
+    try:
+        compiled = compile_group(wider)
+    except Exception as error:  # noqa: BLE001 - XLA's runtime error
+        if not is_out_of_memory(error):
+            raise
+        return plan
+    used = compiled_bytes(compiled)
+    if used is None or used > free:
+        return plan
+    return ChainGroups(wider, -(-num_chains // wider), used, compiled)
 
 
 def chain_groups_message(
