@@ -85,14 +85,14 @@ class Programs:
         if name not in self._compiled:
             if not self._compiling[name].done():
                 self._progress.compiling(_STAGES.get(name, f"{name} blocks"))
+            planned = name not in _STAGES or name in _PLANNED_STAGES
             try:
                 compiled = self._compiling[name].result()
             except Exception as error:
-                planned = name not in _STAGES or name in _PLANNED_STAGES
                 if not planned or args is None or not is_out_of_memory(error):
                     raise
                 compiled = CompileOutOfMemory(error, jax.tree.map(shape_of, args))
-            if name not in _STAGES or name in _PLANNED_STAGES:
+            if planned:
                 compiled = self._check_memory(name, compiled)
             self._compiled[name] = compiled
         return self._compiled[name]

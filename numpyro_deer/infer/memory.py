@@ -133,8 +133,7 @@ def is_out_of_memory(error: Exception) -> bool:
 
 
 FILL = 0.9
-"""Fraction of the free memory a group of chains is planned to take (the
-measured memory is only about linear in the group size)."""
+"""Fraction of the free memory a group is planned to take (memory ~ linear)."""
 
 MAX_COMPILES = 3
 """Block programs :func:`plan_chain_group` compiles at most."""
@@ -174,18 +173,16 @@ def plan_chain_group(
     """The largest group of chains whose block fits ``free`` bytes.
 
     ``required`` is the block program's memory with all ``num_chains`` chains
-    at once (more than ``free``; ``None`` where its compile ran out of memory:
-    then one chain's program is compiled first and the line drawn through
-    zero and its bytes, and a group that fits on that line is widened once
-    on the line through both measured points, :func:`_wider`);
-    ``compile_group(g)`` compiles the block in
+    at once (more than ``free``); ``compile_group(g)`` compiles the block in
     groups of ``g`` chains. Memory is about linear in the group size, ``a +
-    b g`` (``a``: the arguments of every chain, the collection of draws; ``b
-    g``: a group's solve). The first guess takes ``a = 0`` (``b = required /
-    C``) and aims at :data:`FILL` of ``free``; each compile measures a point
-    of the line, and a guess that does not fit is refined on the line through
-    the last two points. Groups of one chain are the last resort; at most
-    :data:`MAX_COMPILES` programs are compiled.
+    b g`` (``a``: the arguments of every chain, the collection of draws;
+    ``b g``: a group's solve). The first guess takes ``a = 0`` (``b =
+    required / C``) and aims at :data:`FILL` of ``free``; a guess that does
+    not fit is refined on the line through the last two measured points.
+    Groups of one chain are the last resort; at most :data:`MAX_COMPILES`
+    programs are compiled. ``required=None`` (the compile of all chains ran
+    out of memory): one chain's program is compiled first for the line
+    through zero, and a group that fits on it is widened once (:func:`_wider`).
 
     Raises:
         ValueError: a block of one chain does not fit either
@@ -225,21 +222,25 @@ def plan_chain_group(
         points.append((g, used))
         (g0, b0), (g1, b1) = points[-2], points[-1]
         slope = (b0 - b1) / (g0 - g1) if b0 > b1 else b1 / g1
-        guess = math.floor((FILL * free - (b1 - slope * g1)) / slope)
-        guess = min(guess, g - 1)  # below 1: the line says one chain does not fit
+        # below 1: the line says one chain does not fit
+        guess = min(_filling(free, slope, g1, b1), g - 1)
     raise AssertionError("unreachable: the last attempt is a group of one")
 
 
+def _filling(free: int, slope: float, group: int, used: int) -> int:
+    """The group at :data:`FILL` of ``free`` on a line through ``(group, used)``."""
+    return math.floor((FILL * free - (used - slope * group)) / slope)
+
+
 def _wider(plan: ChainGroups, one_chain, free, num_chains, compile_group):
-    """``plan``, or a group at least twice as large that fits: the line through
-    zero and one chain's bytes counts the fixed part (every chain's arguments)
-    per chain. One more compile, on the line through both measured points; a
-    compile that runs out of memory keeps ``plan``."""
+    """``plan``, or a group at least twice as large that fits, on the line through
+    both measured points (through zero, the fixed part, every chain's
+    arguments, counts per chain); one more compile, kept if it fits."""
     (g1, b1), g, b = one_chain, plan.size, plan.required
     slope = (b - b1) / (g - g1)
     if slope <= 0:
         return plan
-    wider = math.floor((FILL * free - (b - slope * g)) / slope)
+    wider = _filling(free, slope, g, b)
     if wider < 2 * g:
         return plan
     wider = group_size(num_chains, min(wider, num_chains - 1))
@@ -250,9 +251,8 @@ def _wider(plan: ChainGroups, one_chain, free, num_chains, compile_group):
             raise
         return plan
     used = compiled_bytes(compiled)
-    if used is None or used > free:
-        return plan
-    return ChainGroups(wider, -(-num_chains // wider), used, compiled)
+    fits = used is not None and used <= free
+    return ChainGroups(wider, -(-num_chains // wider), used, compiled) if fits else plan
 
 
 def chain_groups_message(
