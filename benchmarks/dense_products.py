@@ -7,8 +7,9 @@ broadcast multiplications and sums; above, as matrix products. This script
 times both ways for the scan alone (``T`` steps, ``D`` from 2 to 32, ``T D^2``
 held near ``4e5 * 4``) and for the banana HMC block of
 ``benchmarks/paper.py`` (full Jacobian, 8 leapfrog steps of 0.5, one chain):
-``compile_s`` (lowering and compiling one jitted program) and ``run_s`` (the
-median of three calls), with the Newton iterations of the banana block.
+``compile_s`` (tracing, lowering and compiling one jitted program, XLA's
+pipeline time) and ``run_s`` (the median of at least three calls), with the
+Newton iterations of the banana block.
 
     PYTHONPATH=. python3 benchmarks/dense_products.py --banana-steps 2000
     PYTHONPATH=. python3 benchmarks/dense_products.py --platform gpu \\
@@ -18,9 +19,7 @@ median of three calls), with the Newton iterations of the banana block.
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -28,19 +27,16 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 
-def _time(fn, *args) -> tuple[float, float, object]:
+def _time(fn, *args) -> tuple[float | None, float, object]:
+    """``(compile s, run s, result)`` of ``jax.jit(fn)(*args)``
+    (:func:`common.timed`: XLA's pipeline time of the first call, the median
+    of at least three more)."""
+    import common
     import jax
 
-    t0 = time.perf_counter()
-    compiled = jax.jit(fn).lower(*args).compile()
-    compile_s = time.perf_counter() - t0
-    out = jax.block_until_ready(compiled(*args))
-    runs = []
-    for _ in range(3):
-        t0 = time.perf_counter()
-        out = jax.block_until_ready(compiled(*args))
-        runs.append(time.perf_counter() - t0)
-    return compile_s, statistics.median(runs), out
+    jitted = jax.jit(fn)
+    out, timing = common.timed(lambda: jitted(*args), repeats=3)
+    return timing["first_compile_s"], timing["median_s"], out
 
 
 def scan_rows(dims, elements: int) -> list[dict]:

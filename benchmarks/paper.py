@@ -151,63 +151,59 @@ def _row(case, variant, make_kernel, chains, T, run_kwargs, reference):
     return row, draws
 
 
-def banana_rows(T: int, solver_options: dict) -> list[dict]:
-    import jax
-    import jax.numpy as jnp
-
-    import numpyro_deer
+def _case_rows(case, kernel, chains, T, run_kwargs, solver_options) -> list[dict]:
+    """The sequential row of ``case``, then DEER with the default solver
+    (``deer``) and with the full Jacobian (``deer_full``) on the same tape;
+    ``kernel(method, solver)`` makes the kernel's factory."""
     from numpyro_deer import DEERSolver
 
-    x0 = 10.0 * jax.random.normal(jax.random.PRNGKey(1), (2,))
-    run_kwargs = {"init_params": x0.astype(jnp.result_type(float))}
-
-    def kernel(method, solver=None):
-        solver = DEERSolver() if solver is None else solver
-        return lambda: numpyro_deer.DEERHMC(
-            potential_fn=banana_potential, step_size=0.5, num_steps=8, jitter=0.0,
-            adapt_step_size=False, adapt_mass_matrix=False, block_size=T,
-            method=method, solver=solver,
-        )  # fmt: skip
-
-    rows = []
     seq, ref = _row(
-        "banana", "sequential", kernel("sequential"), 1, T, run_kwargs, None
-    )
-    rows.append(seq)
-    for variant, solver in (
-        ("deer", DEERSolver(**solver_options)),
-        ("deer_full", DEERSolver(jacobian="full", **solver_options)),
-    ):
-        rows.append(
-            _row("banana", variant, kernel("deer", solver), 1, T, run_kwargs, ref)[0]
-        )
-    return rows
-
-
-def mala_rows(T: int, solver_options: dict) -> list[dict]:
-    import numpyro_deer
-    from numpyro_deer import DEERSolver
-
-    X, y = german_credit_shape()
-    run_kwargs = {"X": X, "y": y}
-
-    def kernel(method, solver=None):
-        solver = DEERSolver(**solver_options) if solver is None else solver
-        return lambda: numpyro_deer.DEERMALA(
-            logistic_model, step_size=0.0015, adapt_step_size=False,
-            adapt_mass_matrix=False, block_size=T, method=method, solver=solver,
-        )  # fmt: skip
-
-    seq, ref = _row("mala", "sequential", kernel("sequential"), 2, T, run_kwargs, None)
+        case, "sequential", kernel("sequential", DEERSolver()), chains, T,
+        run_kwargs, None,
+    )  # fmt: skip
     rows = [seq]
     for variant, solver in (
         ("deer", DEERSolver(**solver_options)),
         ("deer_full", DEERSolver(jacobian="full", **solver_options)),
     ):
         rows.append(
-            _row("mala", variant, kernel("deer", solver), 2, T, run_kwargs, ref)[0]
+            _row(case, variant, kernel("deer", solver), chains, T, run_kwargs, ref)[0]
         )
     return rows
+
+
+def banana_rows(T: int, solver_options: dict) -> list[dict]:
+    import jax
+    import jax.numpy as jnp
+
+    import numpyro_deer
+
+    x0 = 10.0 * jax.random.normal(jax.random.PRNGKey(1), (2,))
+    run_kwargs = {"init_params": x0.astype(jnp.result_type(float))}
+
+    def kernel(method, solver):
+        return lambda: numpyro_deer.DEERHMC(
+            potential_fn=banana_potential, step_size=0.5, num_steps=8, jitter=0.0,
+            adapt_step_size=False, adapt_mass_matrix=False, block_size=T,
+            method=method, solver=solver,
+        )  # fmt: skip
+
+    return _case_rows("banana", kernel, 1, T, run_kwargs, solver_options)
+
+
+def mala_rows(T: int, solver_options: dict) -> list[dict]:
+    import numpyro_deer
+
+    X, y = german_credit_shape()
+    run_kwargs = {"X": X, "y": y}
+
+    def kernel(method, solver):
+        return lambda: numpyro_deer.DEERMALA(
+            logistic_model, step_size=0.0015, adapt_step_size=False,
+            adapt_mass_matrix=False, block_size=T, method=method, solver=solver,
+        )  # fmt: skip
+
+    return _case_rows("mala", kernel, 2, T, run_kwargs, solver_options)
 
 
 def main(argv=None) -> list[dict]:
