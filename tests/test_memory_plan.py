@@ -272,3 +272,35 @@ def test_a_hessian_window_end_that_runs_out_of_memory_is_solved_in_groups(
     # one chain's window end was compiled and measured, and it fits
     assert accelerator_chains and accelerator_chains[0] <= 2**40
     np.testing.assert_allclose(grouped, whole, rtol=1e-10, atol=0)
+
+
+@pytest.mark.parametrize(
+    "stats, free",
+    [
+        # no allocator statistics beyond the limit: the limit less what is in use
+        ({"bytes_limit": 100, "bytes_in_use": 30}, 70),
+        # a grown region with a free block of 25 and 40 not yet grown: 40 in
+        # one piece, although 70 are free
+        (
+            {"bytes_limit": 100, "bytes_in_use": 30, "pool_bytes": 60}
+            | {"largest_free_block_bytes": 25},
+            40,
+        ),
+        # the free block inside the pool is the larger piece
+        (
+            {"bytes_limit": 100, "bytes_in_use": 5, "pool_bytes": 90}
+            | {"largest_free_block_bytes": 80},
+            80,
+        ),
+        # never more than the bytes free
+        (
+            {"bytes_limit": 100, "bytes_in_use": 50, "pool_bytes": 0}
+            | {"largest_free_block_bytes": 0},
+            50,
+        ),
+    ],
+)
+def test_free_bytes_are_those_the_allocator_can_give_in_one_piece(stats, free):
+    device = SimpleNamespace(memory_stats=lambda: stats)
+    assert memory.free_device_bytes(device) == free
+    assert memory.free_device_bytes(SimpleNamespace(memory_stats=lambda: None)) is None

@@ -15,11 +15,8 @@ that fits, measured on the compiled program: the block is solved ``vmap``-ped
 within a group and group after group (``lax.map``), with the block size the
 user chose. Only where one chain alone does not fit does the check raise.
 
-One array comes earlier: the kernel's buffer of a block's draws, ``B x D``
-per chain, is part of the state ``init`` returns, so :func:`check_buffer_memory`
-compares its size with the free memory before ``init`` allocates it (a buffer
-larger than the device would otherwise fail inside XLA, before the block step
-could be compiled and checked).
+The buffer of a block's draws (``B x D`` per chain, in the state ``init``
+returns) is checked before ``init`` allocates it (:func:`check_buffer_memory`).
 """
 
 from __future__ import annotations
@@ -37,7 +34,11 @@ _GIB = 2.0**30
 
 
 def free_device_bytes(device=None) -> int | None:
-    """Bytes the device can still allocate, or ``None`` if it does not say."""
+    """Bytes the device can still allocate in one piece (``None``: it does not
+    say): a program's temporaries are one allocation, and the GPU allocator
+    keeps the regions it grew, so after a 34 GiB program a 43 GiB one fails
+    with 57 GiB free. At most the larger of the largest free block and the
+    memory not yet grown, where the device reports them."""
     device = jax.devices()[0] if device is None else device
     try:
         stats = device.memory_stats()
@@ -45,7 +46,12 @@ def free_device_bytes(device=None) -> int | None:
         return None
     if not stats or "bytes_limit" not in stats:
         return None
-    return int(stats["bytes_limit"]) - int(stats.get("bytes_in_use", 0))
+    limit = int(stats["bytes_limit"])
+    free = limit - int(stats.get("bytes_in_use", 0))
+    if "largest_free_block_bytes" in stats and "pool_bytes" in stats:
+        ungrown = limit - int(stats["pool_bytes"])
+        return min(free, max(int(stats["largest_free_block_bytes"]), ungrown))
+    return free
 
 
 def compiled_bytes(compiled) -> int | None:
@@ -69,13 +75,9 @@ def check_block_memory(
     kernel: str = "DEERMALA",
     multiple: int = 1,
 ):
-    """Raise ``ValueError`` if a block needs more memory than the device has free.
-
-    The suggested ``block_size`` assumes memory grows about linearly with it,
-    which holds for the per-step arrays that dominate large blocks. ``what``
-    says what ``required`` covers, for the message; the suggestion is a
-    multiple of ``multiple`` (a mesh's device count).
-    """
+    """Raise ``ValueError`` if a block needs more memory than the device has
+    free, suggesting a ``block_size`` (a multiple of ``multiple``) on a line
+    through zero; ``what`` says what ``required`` covers."""
     if required is None or free is None or required <= free:
         return
     suggestion = int(block_size * free / required * 0.8)
@@ -128,8 +130,7 @@ class CompileOutOfMemory(NamedTuple):
 
 def is_out_of_memory(error: Exception) -> bool:
     """Whether ``error`` is XLA's out-of-device-memory error."""
-    text = str(error)
-    return "RESOURCE_EXHAUSTED" in text or "Out of memory" in text
+    return "RESOURCE_EXHAUSTED" in str(error) or "Out of memory" in str(error)
 
 
 FILL = 0.9
@@ -305,12 +306,10 @@ def _size(n: int) -> str:
 
 
 def check_block_program(kernel, name: str, compiled, checked: set) -> None:
-    """Compare a compiled block program's memory with the device's.
-
-    Raises ``ValueError`` with a ``block_size`` that fits, before the block
-    runs. Devices without memory statistics (the CPU) are not checked, and
-    each block program (``name``, recorded in ``checked``) once.
-    """
+    """Raise ``ValueError`` with a ``block_size`` that fits where a compiled
+    block program needs more than the device's free memory, before it runs;
+    each ``name`` once (recorded in ``checked``), not where the device has no
+    memory statistics (the CPU)."""
     free = free_device_bytes()
     if free is None or name in checked:
         return
