@@ -1,0 +1,127 @@
+"""Where a first run of vectorized ``DEERHMC`` chains spends its time.
+
+For each chain count and warmup length a fresh Python process runs
+``DEERHMC(model, num_steps=4, block_size=1024)`` with
+``chain_method="vectorized"`` through ``numpyro_deer.MCMC`` and times, apart,
+
+* ``warmup_s``: ``mcmc.warmup`` (the initial state, the step size search, the
+  warmup loop and its Hessian window ends), of which ``warmup_compile_s`` is
+  spent in JAX's compile pipeline (tracing, lowering and XLA's compile: the
+  union of the spans JAX reports, ``end_to_end.CompileSpans``), with the
+  largest compiles by name;
+* ``block_s``: the first ``mcmc.run`` of one block of 1,024 draws per chain
+  (``block_compile_s`` of it compiling), and ``block_again_s`` a second one.
+
+The race's rows (``benchmarks/race.py``) reach 0.01 on the small targets at
+their first checkpoint after warmup, so ``warmup_s`` is what they wait for.
+
+    PYTHONPATH=. python3 benchmarks/first_run_phases.py --models eight_schools
+    PYTHONPATH=. python3 benchmarks/first_run_phases.py --platform gpu \\
+        --chains 1 64 1024 --json $OUT/first_run_phases_gpu.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+import warnings
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import common  # noqa: E402
+
+
+def _child(model: str, chains: int, num_warmup: int, platform: str | None) -> dict:
+    if platform:
+        import jax
+
+        jax.config.update("jax_platforms", "cuda" if platform == "gpu" else platform)
+    import jax
+    from end_to_end import CompileSpans
+
+    import numpyro_deer
+    from benchmarks.models import BENCHMARK_MODELS
+
+    spans = CompileSpans()
+    spans.install()
+    bench = BENCHMARK_MODELS[model]
+    args, kwargs = bench.make_data()
+    kernel = numpyro_deer.DEERHMC(bench.model, num_steps=4, block_size=1024)
+    mcmc = numpyro_deer.MCMC(
+        kernel, num_warmup=num_warmup, num_samples=1024, num_chains=chains,
+        chain_method="vectorized", progress_bar=False,
+    )  # fmt: skip
+    row = {"model": model, "chains": chains, "num_warmup": num_warmup}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        mark, tic = spans.mark(), time.perf_counter()
+        mcmc.warmup(jax.random.PRNGKey(0), *args, **kwargs)
+        jax.block_until_ready(mcmc.post_warmup_state)
+        row["warmup_s"] = time.perf_counter() - tic
+        compiles = spans.summary(mark)
+        row["warmup_compile_s"] = compiles["compile_s"]
+        row["warmup_compiles"] = compiles["largest_compiles"]
+        for key in ("block_s", "block_again_s"):
+            mark, tic = spans.mark(), time.perf_counter()
+            mcmc.run(mcmc.post_warmup_state.rng_key, *args, **kwargs)
+            jax.block_until_ready(mcmc.get_samples())
+            row[key] = time.perf_counter() - tic
+            if key == "block_s":
+                row["block_compile_s"] = spans.summary(mark)["compile_s"]
+    return row
+
+
+def main(argv=None) -> list[dict]:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", nargs="+", default=["eight_schools"])
+    parser.add_argument("--chains", nargs="+", type=int, default=[1, 64])
+    parser.add_argument("--num-warmup", nargs="+", type=int, default=[500])
+    parser.add_argument("--platform", choices=("cpu", "gpu"), default=None)
+    parser.add_argument("--json", default=None)
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    ns = parser.parse_args(argv)
+    if ns.child:
+        spec = json.loads(ns.child)
+        print("ROW" + json.dumps(_child(**spec)))
+        return []
+    rows = []
+    for model in ns.models:
+        for chains in ns.chains:
+            for num_warmup in ns.num_warmup:
+                spec = {"model": model, "chains": chains, "num_warmup": num_warmup}
+                spec["platform"] = ns.platform
+                done = subprocess.run(
+                    [sys.executable, __file__, "--child", json.dumps(spec)],
+                    capture_output=True, text=True, timeout=600,
+                )  # fmt: skip
+                lines = [x for x in done.stdout.splitlines() if x.startswith("ROW")]
+                if not lines:
+                    print(done.stderr[-2000:], file=sys.stderr)
+                    continue
+                row = json.loads(lines[0][3:])
+                top = row["warmup_compiles"][:3]
+                row["largest"] = ", ".join(
+                    f"{c['fun'][4:-1]} {c['s']:.2f}" for c in top
+                )
+                rows.append(row)
+    path = ns.json or common.default_json_path("first_run_phases")
+    common.write_json(path, {"machine": common.machine_info(), "rows": rows})
+    print(common.describe_machine(common.machine_info()))
+    columns = [
+        ("model", "model"), ("chains", "chains"), ("num_warmup", "warmup steps"),
+        ("warmup_s", "warmup s", ".3g"), ("warmup_compile_s", "compiling", ".3g"),
+        ("block_s", "first block s", ".3g"), ("block_compile_s", "compiling", ".3g"),
+        ("block_again_s", "next block s", ".3g"), ("largest", "largest compiles, s"),
+    ]  # fmt: skip
+    print(common.format_table(rows, columns))
+    return rows
+
+
+if __name__ == "__main__":
+    main()
