@@ -17,7 +17,9 @@ After each warmup every chain draws ``--draws`` transitions with the sequential
 scan at its adapted kernel; the table gives the smallest and median ESS per
 draw over the unconstrained coordinates (``numpyro.diagnostics``) and the
 mean acceptance. Counts are machine-independent; seconds are not (they include
-compilation). ::
+compilation: ``compiles`` and ``compile s`` are the first parallel warmup
+call's XLA compilations and their time; ``--second-call`` times a second,
+compiled call). ::
 
     PYTHONPATH=. python benchmarks/parallel_warmup.py --chains 64 --draws 1000
 """
@@ -138,21 +140,32 @@ def run_model(name, ns):
     )
     g = gradients_per_transition(transition)
 
+    def warmup():
+        return jax.block_until_ready(
+            parallel_warmup(
+                transition,
+                potential,
+                x0,
+                k_par,
+                schedule=schedule,
+                solver=DEERSolver() if ns.sweep is None else DEERSolver(sweep=ns.sweep),
+                target_accept_prob=target,
+                cap_iterations=not ns.no_cap,
+                stall_fraction=ns.stall,
+                num_steps_choices=tuple(ns.num_steps_choices) or None,
+                pad_windows=not ns.no_pad,
+            )
+        )
+
     t0 = time.perf_counter()
-    result = parallel_warmup(
-        transition,
-        potential,
-        x0,
-        k_par,
-        schedule=schedule,
-        solver=DEERSolver() if ns.sweep is None else DEERSolver(sweep=ns.sweep),
-        target_accept_prob=target,
-        cap_iterations=not ns.no_cap,
-        stall_fraction=ns.stall,
-        num_steps_choices=tuple(ns.num_steps_choices) or None,
-    )
-    result = jax.block_until_ready(result)
+    with common.CompileCounter() as compiles:
+        result = warmup()
     par_seconds = time.perf_counter() - t0
+    again = None
+    if ns.second_call:  # compiled: the run time alone
+        t0 = time.perf_counter()
+        warmup()
+        again = time.perf_counter() - t0
     windows = result.info.windows
     par = {
         "model": name,
@@ -175,6 +188,9 @@ def run_model(name, ns):
         "step_size": float(result.step_size),
         "window_num_steps": [int(v) for v in result.info.num_steps],
         "seconds": par_seconds,
+        "compiles": compiles.count,
+        "compile_seconds": compiles.seconds,
+        "second_call_seconds": again,
     }
     chosen = transition  # sample with the chosen trajectory length
     if ns.num_steps_choices:
@@ -239,6 +255,16 @@ def main(argv=None):
         action="store_true",
         help="the parallel warmup only (no sequential baseline rows)",
     )
+    parser.add_argument(
+        "--no-pad",
+        action="store_true",
+        help="one window program per window length (no padding to the longest)",
+    )
+    parser.add_argument(
+        "--second-call",
+        action="store_true",
+        help="time a second, compiled call of the parallel warmup too",
+    )
     parser.add_argument("--num-warmup", type=int, default=500)
     parser.add_argument("--draws", type=int, default=1000)
     parser.add_argument("--num-leapfrog", type=int, default=0, help="0: MALA")
@@ -269,6 +295,9 @@ def main(argv=None):
         ("min_ess_per_draw", "min ESS/draw", ".4f"),
         ("median_ess_per_draw", "med ESS/draw", ".4f"),
         ("seconds", "s", ".1f"),
+        ("compiles", "compiles"),
+        ("compile_seconds", "compile s", ".1f"),
+        ("second_call_seconds", "2nd call s", ".1f"),
     ]
     print(common.format_table(rows, columns))
     print(f"wrote {ns.json}")

@@ -5,6 +5,8 @@ Float64 (the session's conftest). One potential function object and one
 window length are shared by the tests, so the window program compiles once.
 """
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -14,6 +16,7 @@ from numpyro_deer.core import HMC, MALA, DEERSolver, sequential_chain
 from numpyro_deer.core.metric import mass_matrix_sqrt, solve_sqrt, whiten
 from numpyro_deer.core.parallel_warmup import (
     WarmupSchedule,
+    WindowPlan,
     parallel_warmup,
     solve_window,
     warmup_window,
@@ -138,12 +141,18 @@ def test_adapted_metric_and_acceptance(warmed):
     )
     windows = warmed.info.windows
     assert np.all(np.asarray(windows.metric_updated) == (np.arange(8) >= 1))
-    *_, info = warmup_window(  # the warmup's own compiled window program
+    capped = window_solver(SOLVER, MALA(), WINDOW, True)
+    plan = WindowPlan(  # traced, as the warmup passes it: its own programs
+        *(jnp.asarray(v, jnp.int32) for v in (WINDOW, 0, capped.max_iter, 2))
+    )
+    base = dataclasses.replace(SOLVER, max_iter=300, max_solves=1)
+    *_, info = warmup_window(
         MALA(),
         gaussian_potential,
-        window_solver(SOLVER, MALA(), WINDOW, True),
+        base,
         WINDOW,
-        False,
+        WINDOW,
+        True,
         "diag",
         0.9,
         256,
@@ -153,6 +162,7 @@ def test_adapted_metric_and_acceptance(warmed):
         warmed.inverse_mass_matrix,
         jnp.asarray(False),
         jax.random.key(9),
+        plan,
     )
     assert abs(float(info.mean_accept_prob) - 0.9) < 0.05
     # capped at 4 iterations: chains whose solve did not pass fell back

@@ -21,9 +21,10 @@ import jax
 import jax.numpy as jnp
 from jax import Array
 
+from .hmc import with_leapfrog
 from .metric import mass_matrix_sqrt
 from .newton import DEERSolver
-from .transition import PotentialFn, Transition
+from .transition import PotentialFn, StepInfo, Transition
 from .warmup_adapt import (
     acceptance_curve,
     choose_step_size,
@@ -33,22 +34,22 @@ from .warmup_adapt import (
     spread,
 )
 from .warmup_cost import WindowInfo, window_costs
-from .warmup_window import window_draws
+from .warmup_window import WindowPlan, padded_window_draws
 
-__all__ = ["WINDOW_FACTORS", "warmup_window"]
+__all__ = ["WINDOW_FACTORS", "adapt_after_window", "warmup_window"]
 
 WINDOW_FACTORS = tuple(2.0 ** (k / 2) for k in range(-16, 9))
 """Step size factors of the acceptance curve between windows (``2^(k/2)``,
 1/256 to 16: a new metric can move the step size far)."""
 
 
-@partial(jax.jit, static_argnums=(0, 1, 2, 3, 4, 5, 6, 7, 8), static_argnames="stall")
 def warmup_window(
     transition: Transition,
     potential_fn: PotentialFn,
     solver: DEERSolver,
     num_steps: int,
-    sequential: bool,
+    padded_length: int,
+    lockstep: bool,
     metric: str,
     target: float,
     num_curve_points: int,
@@ -58,32 +59,79 @@ def warmup_window(
     inverse_mass: Array,
     adapt_metric: Array,
     key: Array,
-    *,
-    stall: int = 0,
+    plan: WindowPlan,
 ) -> tuple[Array, Array, Array, Array, WindowInfo]:
     """One window for all chains at a fixed kernel, then the adaptation.
 
-    ``stall``: the front-stall stop of the DEER solve
-    (:func:`~.warmup_window.lockstep_solve`; 0: none). The metric is
-    estimated after the window where ``adapt_metric`` (traced, so windows of
-    one length share one program). Returns ``(positions, next
-    step size, next inverse mass, the pooled draws of the step size curve,
-    info)``.
+    Two compiled programs: the window's draws
+    (:func:`~.warmup_window.padded_window_draws`: tapes of
+    ``padded_length``, the window's length, leapfrog count, iteration cap
+    and front-stall look-back traced in ``plan``, so every window of a
+    warmup runs the one program) and the adaptation after it
+    (:func:`adapt_after_window`, one program per window length).
+    ``transition`` is the static part of
+    :func:`~numpyro_deer.core.hmc.split_leapfrog`; ``plan.length`` must be
+    ``num_steps``. The metric is estimated after the window where
+    ``adapt_metric`` (traced). Returns ``(positions, next step size, next
+    inverse mass, the pooled draws of the step size curve, info)``.
     """
-    num_chains, dim = x.shape
-    key, k_curve = jax.random.split(key)
-    draws, infos, iterations, fronts, residuals = window_draws(
+    draws = padded_window_draws(
+        transition,
+        potential_fn,
+        solver,
+        padded_length,
+        lockstep,
+        x,
+        step_size,
+        inverse_mass,
+        key,
+        plan,
+    )
+    return adapt_after_window(
         transition,
         potential_fn,
         solver,
         num_steps,
-        sequential,
-        x,
+        metric,
+        target,
+        num_curve_points,
+        num_hessian_points,
+        draws,
         step_size,
-        mass_matrix_sqrt(inverse_mass),
+        inverse_mass,
+        adapt_metric,
         key,
-        stall,
+        plan,
     )
+
+
+@partial(jax.jit, static_argnums=(0, 1, 2, 3, 4, 5, 6, 7))
+def adapt_after_window(
+    transition: Transition,
+    potential_fn: PotentialFn,
+    solver: DEERSolver,
+    num_steps: int,
+    metric: str,
+    target: float,
+    num_curve_points: int,
+    num_hessian_points: int,
+    window: tuple[Array, StepInfo, Array, Array, Array],
+    step_size: Array,
+    inverse_mass: Array,
+    adapt_metric: Array,
+    key: Array,
+    plan: WindowPlan,
+) -> tuple[Array, Array, Array, Array, WindowInfo]:
+    """The adaptation after a window of ``num_steps`` transitions and its
+    report, from ``window``, what :func:`~.warmup_window.padded_window_draws`
+    returned for it (its first ``num_steps`` draws are the window's)."""
+    transition = with_leapfrog(transition, plan.leapfrog)
+    draws, infos, iterations, fronts, residuals = window
+    draws = draws[:, :num_steps]
+    infos = jax.tree.map(lambda a: a[:, :num_steps], infos)
+    sequential = plan.max_iter == 0
+    num_chains, _, dim = draws.shape
+    _, k_curve = jax.random.split(key)
     draws, restarted = restart_stuck(
         draws, infos.accepted, jax.random.fold_in(k_curve, 1)
     )
@@ -98,7 +146,7 @@ def warmup_window(
     usable = jnp.all(jnp.isfinite(estimate)) & jnp.all(jnp.isfinite(pooled))
     new_inverse = jnp.where(adapt_metric & usable, estimate, inverse_mass)
 
-    factors = jnp.asarray(WINDOW_FACTORS, x.dtype)
+    factors = jnp.asarray(WINDOW_FACTORS, draws.dtype)
     points = spread(pooled, num_curve_points)
     accept = acceptance_curve(
         transition,
@@ -111,14 +159,13 @@ def warmup_window(
     )
     new_step_size = choose_step_size(step_size, factors, accept, target)
 
-    max_iterations = jnp.max(iterations)
     fallbacks = num_steps - fronts
-    fallback = num_steps if sequential else jnp.max(fallbacks)
+    # a sequential window: no iteration, the finish from the start (1 + W g)
     critical, total, levels = window_costs(
         transition,
         solver,
         num_steps,
-        sequential,
+        False,
         iterations,
         fallbacks,
         num_chains,
@@ -130,10 +177,10 @@ def warmup_window(
     prob = infos.accept_prob
     info = WindowInfo(
         num_steps=jnp.asarray(num_steps, jnp.int32),
-        sequential=jnp.asarray(sequential),
-        newton_iterations=max_iterations,
+        sequential=sequential,
+        newton_iterations=jnp.max(iterations),
         num_converged=jnp.sum(~sequential & (fronts >= num_steps)),
-        fallback_steps=jnp.asarray(fallback, jnp.int32),
+        fallback_steps=jnp.asarray(jnp.max(fallbacks), jnp.int32),
         residual=jnp.max(residuals),
         mean_accept_prob=jnp.mean(jnp.where(jnp.isfinite(prob), prob, 0.0)),
         num_diverging=jnp.sum(infos.diverging),
@@ -141,7 +188,7 @@ def warmup_window(
         step_size=step_size,
         metric_updated=adapt_metric & usable,
         critical_path_gradients=jnp.asarray(critical, jnp.int32),
-        total_gradients=jnp.asarray(total, x.dtype),
+        total_gradients=jnp.asarray(total, draws.dtype),
         scan_levels=levels,
     )
     return draws[:, -1], new_step_size, new_inverse, points, info

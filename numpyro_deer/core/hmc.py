@@ -37,6 +37,7 @@ HMC flags it (``max_delta_energy``); the selection goes through
 
 from __future__ import annotations
 
+import dataclasses
 import numbers
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -206,3 +207,41 @@ class HMC:
 
     def rotate_tape(self, tape: HMCTape, basis: Array) -> HMCTape:
         return tape._replace(noise=tape.noise @ basis)
+
+
+class TracedHMC(NamedTuple):
+    """:class:`HMC` with the leapfrog count ``num_steps`` an int32 array.
+
+    Built inside a compiled program (:func:`with_leapfrog`), so that one
+    program serves every leapfrog count: the leapfrog loop runs to the traced
+    count (a ``while`` loop, which forward-mode derivatives, the Newton
+    solver's, go through as through a fixed one). Its draws are those of
+    ``HMC(num_steps=n)`` for the value ``n`` it holds. An array is not
+    hashable, so it is never a static argument.
+    """
+
+    num_steps: Array
+    jitter: float
+
+    make_tape = HMC.make_tape
+    step = HMC.step
+    rotate_tape = HMC.rotate_tape
+
+
+def split_leapfrog(transition) -> tuple[object, Array]:
+    """``(static part, leapfrog count)`` of a transition: for :class:`HMC`,
+    ``HMC(num_steps=1)`` with its jitter (the same for every count, so a
+    compiled program keyed on it serves them all) and the count as an int32
+    array; any other transition as it is, and 0."""
+    if isinstance(transition, HMC):
+        static = dataclasses.replace(transition, num_steps=1)
+        return static, jnp.asarray(transition.num_steps, jnp.int32)
+    return transition, jnp.zeros((), jnp.int32)
+
+
+def with_leapfrog(transition, num_steps: Array):
+    """The transition of :func:`split_leapfrog`'s parts, inside a compiled
+    program: :class:`TracedHMC` for :class:`HMC`, any other as it is."""
+    if isinstance(transition, HMC):
+        return TracedHMC(num_steps, transition.jitter)
+    return transition

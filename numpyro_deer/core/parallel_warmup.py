@@ -59,6 +59,7 @@ import jax.numpy as jnp
 from jax import Array
 
 from .adapted_window import warmup_window
+from .hmc import split_leapfrog
 from .metric import mass_matrix_sqrt
 from .newton import DEERSolver
 from .transition import PotentialFn, Transition
@@ -69,6 +70,8 @@ from .warmup_adapt import (
 )
 from .warmup_cost import WarmupInfo
 from .warmup_window import (
+    WindowPlan,
+    padded_window_draws,
     sample_window,
     solve_window,
     stall_iterations,
@@ -79,8 +82,10 @@ from .warmup_window import (
 __all__ = [
     "ParallelWarmupResult",
     "WarmupSchedule",
+    "WindowPlan",
     "check_schedule",
     "initial_step_size",
+    "padded_window_draws",
     "parallel_warmup",
     "sample_window",
     "solve_window",
@@ -175,6 +180,7 @@ def parallel_warmup(
     num_curve_points: int = 256,
     num_hessian_points: int = 16,
     num_steps_choices: tuple[int, ...] | None = None,
+    pad_windows: bool = True,
 ) -> ParallelWarmupResult:
     """Adapt step size and metric for ``C`` chains in a few parallel windows.
 
@@ -266,15 +272,32 @@ def parallel_warmup(
     inverse_mass = _identity_metric(metric, dim, x0.dtype)
     x, rows, used = x0, [], []
     extra_critical, extra_total = 0, 0
+    static, _ = split_leapfrog(transition)
+    padded_length = max(schedule.windows) if pad_windows else None
+    # a capped window is one lockstep solve; its cap and look-back are traced
+    base = solver
+    if cap_iterations:
+        budget = solver.max_iter * solver.max_solves
+        base = dataclasses.replace(solver, max_iter=budget, max_solves=1)
     for index, num_steps in enumerate(schedule.windows):
-        this_solver = window_solver(solver, transition, num_steps, cap_iterations)
         used.append(getattr(transition, "num_steps", 0))
+        this_solver = window_solver(solver, transition, num_steps, cap_iterations)
+        max_iter = 0 if index < schedule.num_sequential else this_solver.max_iter
+        stall = stall_iterations(this_solver, stall_fraction) if cap_iterations else 0
+        _, leapfrog = split_leapfrog(transition)
+        plan = WindowPlan(
+            jnp.asarray(num_steps, jnp.int32),
+            leapfrog,
+            jnp.asarray(max_iter, jnp.int32),
+            jnp.asarray(stall, jnp.int32),
+        )
         x, eps_next, inverse_mass, points, row = warmup_window(
-            transition,
+            static,
             potential_fn,
-            this_solver,
+            base,
             num_steps,
-            index < schedule.num_sequential,
+            padded_length or num_steps,
+            cap_iterations,
             metric,
             float(target_accept_prob),
             num_curve_points,
@@ -284,9 +307,7 @@ def parallel_warmup(
             inverse_mass,
             jnp.asarray(index >= schedule.first_metric_window),
             keys[index + 1],
-            stall=stall_iterations(this_solver, stall_fraction)
-            if cap_iterations
-            else 0,
+            plan,
         )
         rows.append(row)
         eps = eps_next

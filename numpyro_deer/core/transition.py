@@ -277,6 +277,7 @@ def finish_chain(
     infos: StepInfo,
     start: Array,
     mass_sqrt: Array | None = None,
+    stop: Array | int | None = None,
 ) -> tuple[Array, StepInfo]:
     """Complete a partly solved block sequentially from step ``start``.
 
@@ -290,7 +291,9 @@ def finish_chain(
     x_start = jnp.where(start > 0, states[jnp.maximum(start - 1, 0)], x0)
     step = _carried_step(transition, potential_fn, step_size, mass_sqrt)
     carry = carry_at(potential_fn, x_start)
-    _, (states, infos) = sequential_steps(step, carry, tape, (states, infos), start)
+    _, (states, infos) = sequential_steps(
+        step, carry, tape, (states, infos), start, stop
+    )
     return states, infos
 
 

@@ -110,10 +110,12 @@ class WarmupInfo(NamedTuple):
     final_num_steps: int
 
 
-def gradients_per_transition(transition) -> int:
+def gradients_per_transition(transition) -> int | Array:
     """``g``: gradients of one sequential transition (``num_steps`` leapfrog
-    steps for HMC, 1 otherwise)."""
-    return int(getattr(transition, "num_steps", 1))
+    steps for HMC, 1 otherwise); an array where the leapfrog count is traced
+    (:class:`~numpyro_deer.core.hmc.TracedHMC`)."""
+    g = getattr(transition, "num_steps", 1)
+    return g if isinstance(g, Array) else int(g)
 
 
 def tangent_directions(solver: DEERSolver, dim: int) -> int:

@@ -36,8 +36,10 @@ import jax
 import jax.numpy as jnp
 from jax import Array
 
+from .gates import HardGate
+from .hmc import with_leapfrog
 from .iteration import newton_iteration, whole_block
-from .metric import mul_sqrt, solve_sqrt, whiten
+from .metric import mass_matrix_sqrt, mul_sqrt, solve_sqrt, whiten
 from .newton import DEERSolver, _initial_carry, deer_solve
 from .transition import (
     PotentialFn,
@@ -46,7 +48,6 @@ from .transition import (
     finish_chain,
     make_sequential_step,
     make_step_fn,
-    sequential_chain,
 )
 from .warmup_cost import (
     break_even_iterations,
@@ -63,6 +64,46 @@ def window_tapes(
     return jax.vmap(lambda k: transition.make_tape(k, num_steps, dim, dtype))(keys)
 
 
+class WindowPlan(NamedTuple):
+    """The settings of one window that may be traced, so that one compiled
+    program serves windows of every length up to its padded length, every
+    leapfrog count and both kinds (:func:`padded_window_draws`).
+
+    Attributes:
+        length: transitions of the window (``W``); the tape's entries past
+            it are padding, frozen steps that neither move a state nor run
+            in the sequential finish.
+        leapfrog: the leapfrog count of a transition with leapfrog steps
+            (:func:`~numpyro_deer.core.hmc.with_leapfrog`; unused otherwise).
+        max_iter: Newton iterations before the sequential finish; 0: the
+            window is the sequential scan (no iteration, then the finish from
+            the start, the same chain at the same cost).
+        stall: the front-stall look-back of a lockstep solve (0: none).
+    """
+
+    length: Array | int
+    leapfrog: Array | int
+    max_iter: Array | int
+    stall: Array | int
+
+
+class _Frozen(NamedTuple):
+    """``transition`` on tape entries ``(tape_t, active_t)``: where
+    ``active_t`` is false (a padded step) the state stays, so the step is
+    the identity and its Jacobian the identity matrix."""
+
+    transition: Transition
+
+    def step(
+        self, potential_fn, step_size, carry, tape_t, mass_sqrt=None, gate=HardGate()
+    ):
+        inner, active = tape_t
+        new, info = self.transition.step(
+            potential_fn, step_size, carry, inner, mass_sqrt, gate
+        )
+        return jax.tree.map(lambda a, b: jnp.where(active, a, b), new, carry), info
+
+
 def solve_window(
     transition: Transition,
     potential_fn: PotentialFn,
@@ -73,6 +114,7 @@ def solve_window(
     solver: DEERSolver,
     sequential: bool = False,
     stall: int = 0,
+    plan: WindowPlan | None = None,
 ) -> tuple[Array, StepInfo, Array, Array, Array]:
     """The chains of one window from ``w0`` (``(C, D)``), identity metric.
 
@@ -81,7 +123,11 @@ def solve_window(
     iterations stopped at a front stall), and every chain whose solve did
     not pass finished sequentially from its front; or, with ``sequential``,
     the sequential scan. Either way the states are the taped chains of the
-    same kernel.
+    same kernel. ``plan`` (:class:`WindowPlan`) replaces ``sequential`` and
+    ``stall`` with values that may be traced (``plan.max_iter`` then caps
+    the iterations; a lockstep solve where ``plan.stall`` is traced or
+    positive), and gives the window's length within the tapes; the states
+    past it are not the chain.
 
     Returns:
         ``(states (C, W, D), step infos, iterations (C,), fronts (C,),
@@ -90,36 +136,72 @@ def solve_window(
     """
     num_chains = w0.shape[0]
     num_steps = jax.tree.leaves(tapes)[0].shape[1]
-    if sequential:
-        chain = partial(sequential_chain, transition, potential_fn)
-        states, infos = jax.vmap(lambda x, t: chain(x, t, step_size))(w0, tapes)
-        zero = jnp.zeros((num_chains,), jnp.int32)
-        return states, infos, zero, zero, jnp.zeros((num_chains,), w0.dtype)
+    if plan is None:
+        max_iter = 0 if sequential else solver.max_iter
+        plan = WindowPlan(num_steps, 0, max_iter, stall)
+    length = plan.length
     gate = solver.gate
-    step_fn = make_step_fn(transition, potential_fn, step_size, None, gate)
-    fast = make_sequential_step(transition, potential_fn, step_size, None, gate)
+    frozen = _Frozen(transition)
+    padded = (
+        tapes,
+        jnp.broadcast_to(jnp.arange(num_steps) < length, (num_chains, num_steps)),
+    )
+    step_fn = make_step_fn(frozen, potential_fn, step_size, None, gate)
+    fast = make_sequential_step(frozen, potential_fn, step_size, None, gate)
     keys = jax.random.split(key, num_chains)
-    if stall:
-        g = gradients_per_transition(transition)
-        states, infos, info = lockstep_solve(
-            step_fn, fast, w0, tapes, keys, solver, g, stall
+
+    def unsolved(_):  # no iteration: the finish runs the whole window
+        states = jnp.broadcast_to(w0[:, None], (num_chains, num_steps) + w0.shape[1:])
+        _, aux = jax.eval_shape(step_fn, w0[0], jax.tree.map(lambda a: a[0, 0], padded))
+        infos = jax.tree.map(
+            lambda s: jnp.zeros((num_chains, num_steps) + s.shape, s.dtype), aux
         )
-    else:
+        zero = jnp.zeros((num_chains,), jnp.int32)
+        return (
+            states,
+            infos,
+            LockstepInfo(zero, zero, jnp.zeros((num_chains,), w0.dtype)),
+        )
+
+    def solve(_):
         states, infos, info = jax.vmap(
             lambda x, t, k: deer_solve(step_fn, x, t, k, solver, None, fast)
-        )(w0, tapes, keys)
+        )(w0, padded, keys)
+        front = jnp.minimum(info.front, length)
+        return states, infos, LockstepInfo(info.iterations, front, info.residual)
+
+    if isinstance(plan.max_iter, int) and plan.max_iter == 0:
+        states, infos, info = unsolved(None)
+    elif not isinstance(plan.stall, int) or plan.stall > 0:
+        g = gradients_per_transition(transition)
+        states, infos, info = lockstep_solve(
+            step_fn,
+            fast,
+            w0,
+            padded,
+            keys,
+            solver,
+            g,
+            plan.stall,
+            plan.max_iter,
+            length,
+        )
+    elif isinstance(plan.max_iter, int):
+        states, infos, info = solve(None)
+    else:
+        states, infos, info = jax.lax.cond(plan.max_iter > 0, solve, unsolved, None)
 
     def finish(args):
         states, infos = args
         return jax.vmap(
             lambda x, t, s, i, f: finish_chain(
-                transition, potential_fn, x, t, step_size, s, i, f
+                transition, potential_fn, x, t, step_size, s, i, f, None, length
             )
         )(w0, tapes, states, infos, info.front)
 
     # a cond outside vmap: the fallback runs only when some chain needs it
     states, infos = jax.lax.cond(
-        jnp.all(info.front >= num_steps), lambda a: a, finish, (states, infos)
+        jnp.all(info.front >= length), lambda a: a, finish, (states, infos)
     )
     return states, infos, info.iterations, info.front, info.residual
 
@@ -133,19 +215,39 @@ class LockstepInfo(NamedTuple):
 
 
 def lockstep_solve(
-    step_fn, sequential, w0: Array, tapes, keys: Array, solver, g: int, stall: int
+    step_fn,
+    sequential,
+    w0: Array,
+    tapes,
+    keys: Array,
+    solver,
+    g: int | Array,
+    stall: int | Array,
+    max_iter: int | Array | None = None,
+    stop: int | Array | None = None,
 ) -> tuple[Array, StepInfo, LockstepInfo]:
     """Newton iterations of all chains under one loop, stopped at a stall.
 
     One :func:`~numpyro_deer.core.iteration.newton_iteration` per chain
-    (``vmap``) per trip; a chain whose block passed (or turned non-finite)
-    keeps its carry. The loop ends when every chain passed, after
-    ``solver.max_iter`` iterations, or when the smallest front over the
-    chains gained fewer than ``iteration_cost / g`` steps over the last
-    ``stall`` iterations (module docstring). Returns ``(states (C, W, D),
-    step infos, LockstepInfo)``; only ``states[c, :front[c]]`` are the chain.
+    (``vmap``) per trip; a chain whose front reached ``stop`` (default the
+    tapes' length ``T``; the steps past it are a padded window's frozen ones)
+    or turned non-finite keeps its carry. The loop ends when every chain got
+    there, after ``max_iter`` iterations (default ``solver.max_iter``; 0: no
+    iteration), or when the smallest front over the chains gained fewer than
+    ``iteration_cost / g`` steps over the last ``stall`` iterations (module
+    docstring; 0: no such stop). ``g``, ``stall``, ``max_iter`` and ``stop``
+    may be traced; a traced ``stall`` is at most ``solver.max_iter *
+    solver.max_solves``. Returns ``(states (C, T, D), step infos,
+    LockstepInfo)``; only ``states[c, :front[c]]`` are the chain.
     """
     num_steps = jax.tree.leaves(tapes)[0].shape[1]
+    stop = num_steps if stop is None else stop
+    max_iter = solver.max_iter if max_iter is None else max_iter
+    if isinstance(stall, int):
+        ring = max(stall, 1)
+    else:
+        ring = solver.max_iter * solver.max_solves
+    look_back = jnp.maximum(stall, 1)
     layout = whole_block(num_steps)
     carry = jax.vmap(lambda x, t: _initial_carry(step_fn, x, t, None))(w0, tapes)
     iterate = jax.vmap(
@@ -153,20 +255,20 @@ def lockstep_solve(
     )
 
     def slowest(c):
-        return jnp.min(jnp.where(c.nonfinite, num_steps, c.front))
+        return jnp.min(jnp.where(c.nonfinite, stop, jnp.minimum(c.front, stop)))
 
     def go_on(state):
         c, fronts, k = state
         front = slowest(c)
-        gained = front - fronts[k % stall]  # f_k - f_{k-m}
+        gained = front - fronts[k % look_back]  # f_k - f_{k-m}
         cost = iteration_cost(solver, g, k - stall, stall)
-        stalled = (k >= stall) & (gained * g < cost)
-        return (front < num_steps) & (k < solver.max_iter) & ~stalled
+        stalled = (stall > 0) & (k >= stall) & (gained * g < cost)
+        return (front < stop) & (k < max_iter) & ~stalled
 
     def body(state):
         c, fronts, k = state
-        fronts = fronts.at[k % stall].set(slowest(c))
-        live = (c.front < num_steps) & ~c.nonfinite
+        fronts = fronts.at[k % look_back].set(slowest(c))
+        live = (c.front < stop) & ~c.nonfinite
         new = iterate(c, tapes, keys)
         c = jax.tree.map(
             lambda a, b: jnp.where(live.reshape((-1,) + (1,) * (a.ndim - 1)), a, b),
@@ -175,10 +277,11 @@ def lockstep_solve(
         )
         return c, fronts, k + 1
 
-    fronts = jnp.zeros((stall,), jnp.int32)
+    fronts = jnp.zeros((ring,), jnp.int32)
     zero = jnp.zeros((), jnp.int32)
     carry, *_ = jax.lax.while_loop(go_on, body, (carry, fronts, zero))
-    info = LockstepInfo(carry.iteration, carry.front, carry.residual)
+    front = jnp.minimum(carry.front, stop)
+    info = LockstepInfo(carry.iteration, front, carry.residual)
     return carry.states[:, 1:], carry.aux, info
 
 
@@ -202,11 +305,13 @@ def window_draws(
     mass_sqrt: Array,
     key: Array,
     stall: int = 0,
+    plan: WindowPlan | None = None,
 ) -> tuple[Array, StepInfo, Array, Array, Array]:
     """:func:`solve_window` from positions ``x`` (``(C, D)``) in the metric
-    ``L = mass_sqrt``: fresh tapes from ``key``, the solve in whitened
-    coordinates ``w = L^{-1} x``, the draws ``(C, W, D)`` mapped back. The
-    window of a warmup and a sampling block alike."""
+    ``L = mass_sqrt``: fresh tapes of ``num_steps`` from ``key``, the solve
+    in whitened coordinates ``w = L^{-1} x``, the draws ``(C, num_steps, D)``
+    mapped back (with ``plan``, the first ``plan.length`` of them are the
+    window's). The window of a warmup and a sampling block alike."""
     num_chains, dim = x.shape
     k_tape, k_solve = jax.random.split(key)
     tapes = window_tapes(transition, k_tape, num_chains, num_steps, dim, x.dtype)
@@ -222,6 +327,7 @@ def window_draws(
         solver,
         sequential,
         stall,
+        plan,
     )
     draws = jax.vmap(jax.vmap(lambda w: mul_sqrt(mass_sqrt, w)))(states)
     return draws, infos, iterations, fronts, residuals
@@ -260,6 +366,51 @@ def sample_window(
         stall,
     )
     return draws, infos, iterations, fronts
+
+
+@partial(jax.jit, static_argnums=(0, 1, 2, 3, 4))
+def padded_window_draws(
+    transition: Transition,
+    potential_fn: PotentialFn,
+    solver: DEERSolver,
+    padded_length: int,
+    lockstep: bool,
+    x: Array,
+    step_size: Array,
+    inverse_mass: Array,
+    key: Array,
+    plan: WindowPlan,
+) -> tuple[Array, StepInfo, Array, Array, Array]:
+    """:func:`window_draws` of a window of ``plan.length <= padded_length``
+    transitions, as one compiled program for every :class:`WindowPlan`.
+
+    ``transition`` is the static part of
+    :func:`~numpyro_deer.core.hmc.split_leapfrog` (the leapfrog count is
+    ``plan.leapfrog``); the tapes have ``padded_length`` entries, and the
+    steps past ``plan.length`` are frozen (:class:`WindowPlan`). With
+    ``lockstep`` one :func:`lockstep_solve` (stopped at ``plan.max_iter``
+    iterations or a front stall of ``plan.stall``), else ``vmap`` of
+    :func:`deer_solve` under ``solver``'s own limits; ``plan.max_iter = 0``
+    is the sequential scan either way. The metric is ``inverse_mass``; the
+    tapes and solve use the first key of ``jax.random.split(key)`` (the
+    second is the adaptation's). Returns ``(draws (C, padded_length,
+    D), step infos, iterations, fronts, residuals)``; the window's draws are
+    ``draws[:, :plan.length]``.
+    """
+    stall = jnp.asarray(plan.stall, jnp.int32) if lockstep else 0
+    plan = plan._replace(stall=stall)
+    return window_draws(
+        with_leapfrog(transition, plan.leapfrog),
+        potential_fn,
+        solver,
+        padded_length,
+        False,
+        x,
+        step_size,
+        mass_matrix_sqrt(inverse_mass),
+        jax.random.split(key)[0],
+        plan=plan,
+    )
 
 
 def window_solver(
