@@ -84,6 +84,12 @@ def test_padded_window_equals_sequential_scan(transition, lockstep, max_iter):
 
     states, infos, iterations, fronts, _ = solve(w0, tapes, jax.random.key(5), plan)
     head = jax.tree.map(lambda a: a[:, :length], tapes)
+    # the head of a longer tape is the tape of the window's length: a padded
+    # window draws what an unpadded one draws
+    unpadded = window_tapes(
+        transition, jax.random.key(4), num_chains, length, dim, x0.dtype
+    )
+    jax.tree.map(np.testing.assert_array_equal, head, unpadded)
     expected, expected_infos = jax.vmap(
         lambda w, t: sequential_chain(transition, potential_w, w, t, step_size)
     )(w0, head)

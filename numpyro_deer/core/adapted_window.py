@@ -1,7 +1,7 @@
 r"""One warmup window of all chains at a fixed kernel, then the adaptation.
 
 The unit :func:`~numpyro_deer.core.parallel_warmup.parallel_warmup` repeats:
-the window's ``C x W`` transitions (:func:`~.warmup_window.window_draws`: the
+the window's ``C x W`` transitions (:func:`padded_window_draws`: the
 sequential scan, or one DEER solve of all chains with a tape per chain), then
 chains that accepted no proposal restarted from another chain's draws
 (:func:`~.warmup_adapt.restart_stuck`), then from the second half of its
@@ -11,6 +11,21 @@ the new step size, where the pooled acceptance curve falls through the target
 times its plateau
 (:func:`~.warmup_adapt.acceptance_curve`, :func:`~.warmup_adapt.choose_step_size`),
 and the window's counts (:func:`~.warmup_cost.window_costs`).
+
+**One program for all windows.** :func:`padded_window_draws` compiles once
+for every window of a warmup: the settings that differ between windows are
+traced (:class:`~.warmup_window.WindowPlan`: the window's length, HMC's
+leapfrog count, :class:`~numpyro_deer.core.hmc.TracedHMC`, the iteration
+cap, the stall look-back), and the tapes are as long as the longest window.
+A tape entry past a window's length is a frozen step, ``s_t = s_{t-1}``:
+its Jacobian is the identity, so the Newton update copies the last state
+along, it passes with the steps before it, and the sequential finish stops
+at the window's length. The first ``W`` entries of a longer tape are the
+tape of ``W`` (JAX's partitionable threefry draws element by element), so
+the window's draws are those of an unpadded window. A sequential window is
+a solve of zero iterations finished sequentially from its start: the same
+chain at the same cost, ``1 + W g``. The adaptation
+(:func:`adapt_after_window`) compiles once per window length.
 """
 
 from __future__ import annotations
@@ -34,13 +49,64 @@ from .warmup_adapt import (
     spread,
 )
 from .warmup_cost import WindowInfo, window_costs
-from .warmup_window import WindowPlan, padded_window_draws
+from .warmup_window import WindowPlan, window_draws
 
-__all__ = ["WINDOW_FACTORS", "adapt_after_window", "warmup_window"]
+__all__ = [
+    "WINDOW_FACTORS",
+    "adapt_after_window",
+    "padded_window_draws",
+    "warmup_window",
+]
 
 WINDOW_FACTORS = tuple(2.0 ** (k / 2) for k in range(-16, 9))
 """Step size factors of the acceptance curve between windows (``2^(k/2)``,
 1/256 to 16: a new metric can move the step size far)."""
+
+
+@partial(jax.jit, static_argnums=(0, 1, 2, 3, 4))
+def padded_window_draws(
+    transition: Transition,
+    potential_fn: PotentialFn,
+    solver: DEERSolver,
+    padded_length: int,
+    lockstep: bool,
+    x: Array,
+    step_size: Array,
+    inverse_mass: Array,
+    key: Array,
+    plan: WindowPlan,
+) -> tuple[Array, StepInfo, Array, Array, Array]:
+    """:func:`~.warmup_window.window_draws` of a window of ``plan.length <=
+    padded_length`` transitions: one compiled program for every
+    :class:`~.warmup_window.WindowPlan`.
+
+    ``transition`` is the static part of
+    :func:`~numpyro_deer.core.hmc.split_leapfrog` (the leapfrog count is
+    ``plan.leapfrog``); the tapes have ``padded_length`` entries, and the
+    steps past ``plan.length`` are frozen. With ``lockstep`` one
+    :func:`~.warmup_window.lockstep_solve` (stopped at ``plan.max_iter``
+    iterations or a front stall of ``plan.stall``), else ``vmap`` of
+    :func:`~numpyro_deer.core.newton.deer_solve` under ``solver``'s own
+    limits; ``plan.max_iter = 0`` is the sequential scan either way. The
+    metric is ``inverse_mass``; the tapes and solve use the first key of
+    ``jax.random.split(key)`` (the second is the adaptation's). Returns
+    ``(draws (C, padded_length, D), step infos, iterations, fronts,
+    residuals)``; the window's draws are ``draws[:, :plan.length]``.
+    """
+    stall = jnp.asarray(plan.stall, jnp.int32) if lockstep else 0
+    plan = plan._replace(stall=stall)
+    return window_draws(
+        with_leapfrog(transition, plan.leapfrog),
+        potential_fn,
+        solver,
+        padded_length,
+        False,
+        x,
+        step_size,
+        mass_matrix_sqrt(inverse_mass),
+        jax.random.split(key)[0],
+        plan=plan,
+    )
 
 
 def warmup_window(
@@ -64,7 +130,7 @@ def warmup_window(
     """One window for all chains at a fixed kernel, then the adaptation.
 
     Two compiled programs: the window's draws
-    (:func:`~.warmup_window.padded_window_draws`: tapes of
+    (:func:`padded_window_draws`: tapes of
     ``padded_length``, the window's length, leapfrog count, iteration cap
     and front-stall look-back traced in ``plan``, so every window of a
     warmup runs the one program) and the adaptation after it
@@ -123,7 +189,7 @@ def adapt_after_window(
     plan: WindowPlan,
 ) -> tuple[Array, Array, Array, Array, WindowInfo]:
     """The adaptation after a window of ``num_steps`` transitions and its
-    report, from ``window``, what :func:`~.warmup_window.padded_window_draws`
+    report, from ``window``, what :func:`padded_window_draws`
     returned for it (its first ``num_steps`` draws are the window's)."""
     transition = with_leapfrog(transition, plan.leapfrog)
     draws, infos, iterations, fronts, residuals = window

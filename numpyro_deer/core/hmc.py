@@ -37,7 +37,6 @@ HMC flags it (``max_delta_energy``); the selection goes through
 
 from __future__ import annotations
 
-import dataclasses
 import numbers
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -212,15 +211,16 @@ class HMC:
 class TracedHMC(NamedTuple):
     """:class:`HMC` with the leapfrog count ``num_steps`` an int32 array.
 
-    Built inside a compiled program (:func:`with_leapfrog`), so that one
-    program serves every leapfrog count: the leapfrog loop runs to the traced
-    count (a ``while`` loop, which forward-mode derivatives, the Newton
-    solver's, go through as through a fixed one). Its draws are those of
-    ``HMC(num_steps=n)`` for the value ``n`` it holds. An array is not
-    hashable, so it is never a static argument.
+    Its static form, ``num_steps=None`` (:func:`split_leapfrog`), keys a
+    compiled program that serves every leapfrog count; inside it
+    :func:`with_leapfrog` puts the traced count in, and the leapfrog loop
+    runs to it (a ``while`` loop, which forward-mode derivatives, the Newton
+    solver's, go through as through a fixed one; XLA cannot unroll it, so a
+    transition runs somewhat slower than with a fixed count). Its draws are
+    those of ``HMC(num_steps=n)`` for the value ``n`` it holds.
     """
 
-    num_steps: Array
+    num_steps: Array | None
     jitter: float
 
     make_tape = HMC.make_tape
@@ -230,18 +230,19 @@ class TracedHMC(NamedTuple):
 
 def split_leapfrog(transition) -> tuple[object, Array]:
     """``(static part, leapfrog count)`` of a transition: for :class:`HMC`,
-    ``HMC(num_steps=1)`` with its jitter (the same for every count, so a
-    compiled program keyed on it serves them all) and the count as an int32
-    array; any other transition as it is, and 0."""
+    ``TracedHMC(None, jitter)`` (the same for every count, so a compiled
+    program keyed on it serves them all) and the count as an int32 array;
+    any other transition as it is, and 0."""
     if isinstance(transition, HMC):
-        static = dataclasses.replace(transition, num_steps=1)
+        static = TracedHMC(None, transition.jitter)
         return static, jnp.asarray(transition.num_steps, jnp.int32)
     return transition, jnp.zeros((), jnp.int32)
 
 
 def with_leapfrog(transition, num_steps: Array):
-    """The transition of :func:`split_leapfrog`'s parts, inside a compiled
-    program: :class:`TracedHMC` for :class:`HMC`, any other as it is."""
-    if isinstance(transition, HMC):
-        return TracedHMC(num_steps, transition.jitter)
+    """Inside a compiled program: the static :class:`TracedHMC` of
+    :func:`split_leapfrog` with the traced count ``num_steps``; any other
+    transition (a fixed :class:`HMC` included) as it is."""
+    if isinstance(transition, TracedHMC):
+        return transition._replace(num_steps=num_steps)
     return transition

@@ -42,8 +42,9 @@ parallelization"); ``WarmupSchedule.num_sequential`` leading windows run the
 sequential scan instead, and with ``cap_iterations`` a DEER window stops at
 the break-even iteration count and finishes sequentially from its front
 (:func:`~numpyro_deer.core.transition.finish_chain`): its draws are the chain
-either way, and the fallback steps are reported. The number of leapfrog steps
-of HMC is kept fixed.
+either way, and the fallback steps are reported. HMC's number of leapfrog
+steps is fixed within a window and, with ``num_steps_choices``, chosen
+between windows by ChEES per gradient.
 
 The critical path (dependent gradient evaluations) and the total work of
 every window are counted in :mod:`numpyro_deer.core.warmup_cost`.
@@ -58,7 +59,7 @@ import jax
 import jax.numpy as jnp
 from jax import Array
 
-from .adapted_window import warmup_window
+from .adapted_window import padded_window_draws, warmup_window
 from .hmc import split_leapfrog
 from .metric import mass_matrix_sqrt
 from .newton import DEERSolver
@@ -71,7 +72,6 @@ from .warmup_adapt import (
 from .warmup_cost import WarmupInfo
 from .warmup_window import (
     WindowPlan,
-    padded_window_draws,
     sample_window,
     solve_window,
     stall_iterations,
@@ -218,12 +218,27 @@ def parallel_warmup(
             metric (the last one excepted) the next windows use the candidate
             of highest ChEES per gradient at the pooled draws
             (:func:`~.warmup_adapt.chees_per_gradient`); ``None`` keeps
-            ``num_steps``. Each value used compiles its own window program.
+            ``num_steps``. The leapfrog count is then traced in the window
+            programs, so every value runs the same programs (a fixed count,
+            without choices, runs somewhat faster: XLA unrolls its loop).
+        pad_windows: run the draws of every window in one compiled program
+            (:func:`~.adapted_window.padded_window_draws`), its tapes as long
+            as the longest window and the steps past a shorter window
+            frozen (they neither change its draws nor count in its costs,
+            but a DEER iteration computes them); ``False``: one such
+            program per distinct window length, no padded work.
 
     Returns:
-        :class:`ParallelWarmupResult`. The windows run as one compiled
-        program per distinct (window length, kind) from a Python loop, so
-        the call is not meant to be traced under an outer ``jit``.
+        :class:`ParallelWarmupResult`. The windows run from a Python loop,
+        so the call is not meant to be traced under an outer ``jit``. What
+        compiles: the draws of all windows one program (the window's
+        length, kind, iteration cap, front-stall look-back and, with
+        ``num_steps_choices``, leapfrog count traced; a sequential window
+        is a solve of no iteration finished sequentially, the same chain at
+        the same cost), the
+        adaptation after a window one program per distinct window length,
+        and the initial step size search and the trajectory length choice
+        one each.
     """
     schedule = WarmupSchedule() if schedule is None else schedule
     check_schedule(schedule)
@@ -272,7 +287,9 @@ def parallel_warmup(
     inverse_mass = _identity_metric(metric, dim, x0.dtype)
     x, rows, used = x0, [], []
     extra_critical, extra_total = 0, 0
-    static, _ = split_leapfrog(transition)
+    # with a trajectory length choice the leapfrog count is traced: one
+    # program for every count (a fixed count runs faster: XLA unrolls it)
+    static = split_leapfrog(transition)[0] if num_steps_choices else transition
     padded_length = max(schedule.windows) if pad_windows else None
     # a capped window is one lockstep solve; its cap and look-back are traced
     base = solver

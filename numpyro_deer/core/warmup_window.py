@@ -37,9 +37,8 @@ import jax.numpy as jnp
 from jax import Array
 
 from .gates import HardGate
-from .hmc import with_leapfrog
 from .iteration import newton_iteration, whole_block
-from .metric import mass_matrix_sqrt, mul_sqrt, solve_sqrt, whiten
+from .metric import mul_sqrt, solve_sqrt, whiten
 from .newton import DEERSolver, _initial_carry, deer_solve
 from .transition import (
     PotentialFn,
@@ -366,51 +365,6 @@ def sample_window(
         stall,
     )
     return draws, infos, iterations, fronts
-
-
-@partial(jax.jit, static_argnums=(0, 1, 2, 3, 4))
-def padded_window_draws(
-    transition: Transition,
-    potential_fn: PotentialFn,
-    solver: DEERSolver,
-    padded_length: int,
-    lockstep: bool,
-    x: Array,
-    step_size: Array,
-    inverse_mass: Array,
-    key: Array,
-    plan: WindowPlan,
-) -> tuple[Array, StepInfo, Array, Array, Array]:
-    """:func:`window_draws` of a window of ``plan.length <= padded_length``
-    transitions, as one compiled program for every :class:`WindowPlan`.
-
-    ``transition`` is the static part of
-    :func:`~numpyro_deer.core.hmc.split_leapfrog` (the leapfrog count is
-    ``plan.leapfrog``); the tapes have ``padded_length`` entries, and the
-    steps past ``plan.length`` are frozen (:class:`WindowPlan`). With
-    ``lockstep`` one :func:`lockstep_solve` (stopped at ``plan.max_iter``
-    iterations or a front stall of ``plan.stall``), else ``vmap`` of
-    :func:`deer_solve` under ``solver``'s own limits; ``plan.max_iter = 0``
-    is the sequential scan either way. The metric is ``inverse_mass``; the
-    tapes and solve use the first key of ``jax.random.split(key)`` (the
-    second is the adaptation's). Returns ``(draws (C, padded_length,
-    D), step infos, iterations, fronts, residuals)``; the window's draws are
-    ``draws[:, :plan.length]``.
-    """
-    stall = jnp.asarray(plan.stall, jnp.int32) if lockstep else 0
-    plan = plan._replace(stall=stall)
-    return window_draws(
-        with_leapfrog(transition, plan.leapfrog),
-        potential_fn,
-        solver,
-        padded_length,
-        False,
-        x,
-        step_size,
-        mass_matrix_sqrt(inverse_mass),
-        jax.random.split(key)[0],
-        plan=plan,
-    )
 
 
 def window_solver(
