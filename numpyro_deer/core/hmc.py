@@ -43,6 +43,7 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import Array
 
 from .gates import Gate, HardGate
@@ -231,12 +232,12 @@ class TracedHMC(NamedTuple):
 def split_leapfrog(transition) -> tuple[object, Array]:
     """``(static part, leapfrog count)`` of a transition: for :class:`HMC`,
     ``TracedHMC(None, jitter)`` (the same for every count, so a compiled
-    program keyed on it serves them all) and the count as an int32 array;
+    program keyed on it serves them all) and the count as a NumPy int32;
     any other transition as it is, and 0."""
     if isinstance(transition, HMC):
         static = TracedHMC(None, transition.jitter)
-        return static, jnp.asarray(transition.num_steps, jnp.int32)
-    return transition, jnp.zeros((), jnp.int32)
+        return static, np.int32(transition.num_steps)
+    return transition, np.int32(0)
 
 
 def with_leapfrog(transition, num_steps: Array):

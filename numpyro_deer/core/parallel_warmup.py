@@ -53,10 +53,12 @@ every window are counted in :mod:`numpyro_deer.core.warmup_cost`.
 from __future__ import annotations
 
 import dataclasses
+from functools import partial
 from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import Array
 
 from .adapted_window import padded_window_draws, warmup_window
@@ -155,13 +157,42 @@ def check_schedule(schedule: WarmupSchedule) -> None:
             )
 
 
-def _identity_metric(metric: str, dim: int, dtype) -> Array:
+def _identity_metric(metric: str, dim: int, dtype) -> np.ndarray:
     if metric == "diag":
-        return jnp.ones((dim,), dtype)
-    return jnp.eye(dim, dtype=dtype)
+        return np.ones((dim,), dtype)
+    return np.eye(dim, dtype=dtype)
 
 
-_chees = jax.jit(chees_per_gradient, static_argnums=(0, 1))
+@partial(jax.jit, static_argnums=(0, 1))
+def _choose_num_steps(
+    potential_fn: PotentialFn,
+    candidates: tuple[Transition, ...],
+    points: Array,
+    step_size: Array,
+    inverse_mass: Array,
+    key: Array,
+) -> Array:
+    """The index of the candidate of highest ChEES per gradient."""
+    scores = chees_per_gradient(
+        potential_fn,
+        candidates,
+        points,
+        step_size,
+        mass_matrix_sqrt(inverse_mass),
+        jax.random.fold_in(key, 1),
+    )
+    return jnp.argmax(scores)
+
+
+@jax.jit
+def _report(rows, inverse_mass, used, critical, total):
+    """The windows' infos stacked, the totals, the metric's square root: one
+    program (eager, each would compile on its own)."""
+    windows = jax.tree.map(lambda *a: jnp.stack(a), *rows)
+    critical = jnp.sum(windows.critical_path_gradients) + critical
+    total = jnp.sum(windows.total_gradients) + total
+    used = jnp.asarray(used, jnp.int32)
+    return windows, critical, total, used, mass_matrix_sqrt(inverse_mass)
 
 
 def parallel_warmup(
@@ -278,7 +309,7 @@ def parallel_warmup(
         transition,
         potential_fn,
         x0,
-        jnp.asarray(step_size, x0.dtype),
+        np.asarray(step_size, x0.dtype),
         float(target_accept_prob),
         keys[0],
     )
@@ -302,11 +333,9 @@ def parallel_warmup(
         max_iter = 0 if index < schedule.num_sequential else this_solver.max_iter
         stall = stall_iterations(this_solver, stall_fraction) if cap_iterations else 0
         _, leapfrog = split_leapfrog(transition)
+        # NumPy scalars go in as they are (a jnp conversion would compile)
         plan = WindowPlan(
-            jnp.asarray(num_steps, jnp.int32),
-            leapfrog,
-            jnp.asarray(max_iter, jnp.int32),
-            jnp.asarray(stall, jnp.int32),
+            np.int32(num_steps), leapfrog, np.int32(max_iter), np.int32(stall)
         )
         x, eps_next, inverse_mass, points, row = warmup_window(
             static,
@@ -322,7 +351,7 @@ def parallel_warmup(
             x,
             eps,
             inverse_mass,
-            jnp.asarray(index >= schedule.first_metric_window),
+            np.bool_(index >= schedule.first_metric_window),
             keys[index + 1],
             plan,
         )
@@ -333,28 +362,21 @@ def parallel_warmup(
             candidates = tuple(
                 dataclasses.replace(transition, num_steps=n) for n in num_steps_choices
             )
-            scores = _chees(
-                potential_fn,
-                candidates,
-                points,
-                eps,
-                mass_matrix_sqrt(inverse_mass),
-                jax.random.fold_in(keys[index + 1], 1),
+            best = _choose_num_steps(
+                potential_fn, candidates, points, eps, inverse_mass, keys[index + 1]
             )
-            transition = candidates[int(jnp.argmax(scores))]
+            transition = candidates[int(best)]
             extra_critical += max(num_steps_choices) + 1
             extra_total += points.shape[0] * sum(n + 1 for n in num_steps_choices)
-    windows = jax.tree.map(lambda *a: jnp.stack(a), *rows)
+    windows, critical, total, used, mass_sqrt = _report(
+        rows, inverse_mass, used, g_f + extra_critical, initial_total + extra_total
+    )
     info = WarmupInfo(
         windows=windows,
         initial_step_size=rows[0].step_size,
-        critical_path_gradients=jnp.sum(windows.critical_path_gradients)
-        + g_f
-        + extra_critical,
-        total_gradients=jnp.sum(windows.total_gradients) + initial_total + extra_total,
-        num_steps=jnp.asarray(used, jnp.int32),
+        critical_path_gradients=critical,
+        total_gradients=total,
+        num_steps=used,
         final_num_steps=getattr(transition, "num_steps", 0),
     )
-    return ParallelWarmupResult(
-        x, eps, inverse_mass, mass_matrix_sqrt(inverse_mass), info
-    )
+    return ParallelWarmupResult(x, eps, inverse_mass, mass_sqrt, info)
