@@ -21,6 +21,11 @@ from numpyro_deer.core.parallel_warmup import (
     solve_window,
     window_tapes,
 )
+from numpyro_deer.core.warmup_adapt import (
+    pooled_inverse_mass,
+    spread,
+    window_points,
+)
 
 from .helpers import compile_log
 
@@ -112,8 +117,8 @@ def test_padded_window_equals_sequential_scan(transition, lockstep, max_iter):
 
 def test_one_window_program_for_lengths_kinds_and_leapfrog_counts():
     """Windows of 8, 16 and 32 transitions (the first sequential) and HMC
-    with a leapfrog count chosen between windows: the windows' draws compile
-    one program (the adaptation one per length); a second warmup starting
+    with a leapfrog count chosen between windows: the windows and the
+    adaptation after each compile one program; a second warmup starting
     from another leapfrog count, choosing among other counts, compiles no
     window program (nor the report's)."""
     x0 = jax.random.normal(jax.random.key(1), (16, 5))
@@ -134,10 +139,7 @@ def test_one_window_program_for_lengths_kinds_and_leapfrog_counts():
         return result, _window_programs(LOG.names - before)
 
     first, compiled = warmup(HMC(num_steps=8), (1, 2, 8))
-    assert compiled == {
-        "jit(padded_window_draws)": 1,
-        "jit(adapt_after_window)": 3,
-    }
+    assert compiled == {"jit(warmup_window)": 1}
     before = LOG.names.copy()
     second, _ = warmup(HMC(num_steps=2), (1, 4))
     # only what depends on the transition's own leapfrog count compiles again
@@ -169,7 +171,59 @@ def test_unpadded_windows_compile_one_program_per_length():
     )
     compiled = _window_programs(LOG.names - before)
     # a sequential and a DEER window of 8 share one program
-    assert compiled == {
-        "jit(padded_window_draws)": 2,
-        "jit(adapt_after_window)": 2,
-    }
+    assert compiled == {"jit(warmup_window)": 2}
+
+
+@pytest.mark.parametrize("dense", [False, True], ids=["diag", "dense"])
+def test_masked_pooled_metric_is_the_metric_of_the_window(dense):
+    """The pooled (co)variance of the rows of weight 1 among padding rows
+    that hold anything (here NaN and 1e30) is that of those rows alone."""
+    rows = jax.random.normal(jax.random.key(0), (40, 3)) * jnp.array([1.0, 2, 3])
+    padding = jnp.full((7, 3), jnp.nan).at[::2].set(1e30)
+    draws = jnp.concatenate([rows[:25], padding, rows[25:]])
+    weights = jnp.concatenate([jnp.ones(25), jnp.zeros(7), jnp.ones(15)])
+    np.testing.assert_allclose(
+        pooled_inverse_mass(draws, dense, weights),
+        pooled_inverse_mass(rows, dense),
+        rtol=1e-12,
+    )
+
+
+@pytest.mark.parametrize("length", [6, 9, 16])
+def test_window_points_are_spread_of_the_second_half(length):
+    """The curve's points of a window of ``length`` in padded draws are
+    :func:`spread`'s of its pooled second half: evenly spaced where there are
+    more than ``count``, all of them (then the rows past them invalid)
+    where not."""
+    draws = jax.random.normal(jax.random.key(1), (3, 16, 2))
+    count, slots = 10, 24
+    half = length // 2
+    pooled = draws[:, half:length].reshape(-1, 2)
+    points, valid = window_points(
+        draws, jnp.int32(half), jnp.int32(length), count, slots
+    )
+    expected = spread(pooled, count)
+    assert int(np.sum(valid)) == expected.shape[0]
+    assert np.all(valid[: expected.shape[0]])
+    np.testing.assert_array_equal(points[: expected.shape[0]], expected)
+
+
+def test_hessian_metric_windows_share_one_program():
+    """The Hessian metric at 16 pooled draws of each window (the first
+    window's 16 x 4 pooled draws are more than 16): one program, and the
+    inverse mean Hessian of the Gaussian, exact, after the second window."""
+    x0 = jax.random.normal(jax.random.key(1), (16, 5))
+    before = LOG.names.copy()
+    result = parallel_warmup(
+        MALA(),
+        gaussian_potential,
+        x0,
+        jax.random.key(0),
+        schedule=WarmupSchedule(windows=(8, 16)),
+        solver=SOLVER,
+        metric="hessian",
+    )
+    assert _window_programs(LOG.names - before) == {"jit(warmup_window)": 1}
+    np.testing.assert_allclose(
+        result.inverse_mass_matrix, jnp.diag(SCALES**2), rtol=1e-6, atol=1e-12
+    )

@@ -24,8 +24,10 @@ at the window's length. The first ``W`` entries of a longer tape are the
 tape of ``W`` (JAX's partitionable threefry draws element by element), so
 the window's draws are those of an unpadded window. A sequential window is
 a solve of zero iterations finished sequentially from its start: the same
-chain at the same cost, ``1 + W g``. The adaptation
-(:func:`adapt_after_window`) compiles once per window length.
+chain at the same cost, ``1 + W g``. The adaptation after it is part of the
+same program (:func:`warmup_window`): it pools the second half of the
+window's draws through masks, and takes the acceptance curve's points by
+traced indices.
 """
 
 from __future__ import annotations
@@ -46,17 +48,12 @@ from .warmup_adapt import (
     hessian_inverse_mass,
     pooled_inverse_mass,
     restart_stuck,
-    spread,
+    window_points,
 )
 from .warmup_cost import WindowInfo, window_costs
 from .warmup_window import WindowPlan, window_draws
 
-__all__ = [
-    "WINDOW_FACTORS",
-    "adapt_after_window",
-    "padded_window_draws",
-    "warmup_window",
-]
+__all__ = ["WINDOW_FACTORS", "padded_window_draws", "warmup_window"]
 
 WINDOW_FACTORS = tuple(2.0 ** (k / 2) for k in range(-16, 9))
 """Step size factors of the acceptance curve between windows (``2^(k/2)``,
@@ -109,17 +106,18 @@ def padded_window_draws(
     )
 
 
+@partial(jax.jit, static_argnums=(0, 1, 2, 3, 4, 5, 6, 7, 8, 9))
 def warmup_window(
     transition: Transition,
     potential_fn: PotentialFn,
     solver: DEERSolver,
-    num_steps: int,
     padded_length: int,
     lockstep: bool,
     metric: str,
     target: float,
     num_curve_points: int,
-    num_hessian_points: int,
+    slots: int,
+    hessian_points: int,
     x: Array,
     step_size: Array,
     inverse_mass: Array,
@@ -127,21 +125,25 @@ def warmup_window(
     key: Array,
     plan: WindowPlan,
 ) -> tuple[Array, Array, Array, Array, WindowInfo]:
-    """One window for all chains at a fixed kernel, then the adaptation.
+    """One window for all chains at a fixed kernel, then the adaptation: one
+    compiled program for every window of a warmup.
 
-    Two compiled programs: the window's draws
-    (:func:`padded_window_draws`: tapes of
-    ``padded_length``, the window's length, leapfrog count, iteration cap
-    and front-stall look-back traced in ``plan``, so every window of a
-    warmup runs the one program) and the adaptation after it
-    (:func:`adapt_after_window`, one program per window length).
+    The window's draws (:func:`padded_window_draws`: tapes of
+    ``padded_length``, the window's length ``W = plan.length``, leapfrog
+    count, iteration cap and front-stall look-back traced), then from the
+    second half of its draws pooled over chains (``C (W - W // 2)`` of them,
+    selected by masks) the metric, estimated where ``adapt_metric``
+    (traced), and the step size from the acceptance curve at
+    ``num_curve_points`` of them (:func:`~.warmup_adapt.window_points`, in
+    ``slots`` rows: at least as many as the points of any window, so one
+    program serves all). ``hessian_points``: the points of the Hessian
+    metric (static, at most the pooled draws; 0 for the other metrics).
     ``transition`` is the static part of
-    :func:`~numpyro_deer.core.hmc.split_leapfrog`; ``plan.length`` must be
-    ``num_steps``. The metric is estimated after the window where
-    ``adapt_metric`` (traced). Returns ``(positions, next step size, next
-    inverse mass, the pooled draws of the step size curve, info)``.
+    :func:`~numpyro_deer.core.hmc.split_leapfrog` or a fixed transition.
+    Returns ``(positions, next step size, next inverse mass, the rows of the
+    step size curve's points and which rows are points, info)``.
     """
-    draws = padded_window_draws(
+    draws, infos, iterations, fronts, residuals = padded_window_draws(
         transition,
         potential_fn,
         solver,
@@ -153,67 +155,32 @@ def warmup_window(
         key,
         plan,
     )
-    return adapt_after_window(
-        transition,
-        potential_fn,
-        solver,
-        num_steps,
-        metric,
-        target,
-        num_curve_points,
-        num_hessian_points,
-        draws,
-        step_size,
-        inverse_mass,
-        adapt_metric,
-        key,
-        plan,
-    )
-
-
-@partial(jax.jit, static_argnums=(0, 1, 2, 3, 4, 5, 6, 7))
-def adapt_after_window(
-    transition: Transition,
-    potential_fn: PotentialFn,
-    solver: DEERSolver,
-    num_steps: int,
-    metric: str,
-    target: float,
-    num_curve_points: int,
-    num_hessian_points: int,
-    window: tuple[Array, StepInfo, Array, Array, Array],
-    step_size: Array,
-    inverse_mass: Array,
-    adapt_metric: Array,
-    key: Array,
-    plan: WindowPlan,
-) -> tuple[Array, Array, Array, Array, WindowInfo]:
-    """The adaptation after a window of ``num_steps`` transitions and its
-    report, from ``window``, what :func:`padded_window_draws`
-    returned for it (its first ``num_steps`` draws are the window's)."""
     transition = with_leapfrog(transition, plan.leapfrog)
-    draws, infos, iterations, fronts, residuals = window
-    draws = draws[:, :num_steps]
-    infos = jax.tree.map(lambda a: a[:, :num_steps], infos)
-    sequential = plan.max_iter == 0
     num_chains, _, dim = draws.shape
+    length = jnp.asarray(plan.length, jnp.int32)
+    half = length // 2
+    steps = jnp.arange(padded_length)
+    active = steps < length
+    pooled = jnp.broadcast_to((steps >= half) & active, (num_chains, padded_length))
+    sequential = plan.max_iter == 0
     _, k_curve = jax.random.split(key)
     draws, restarted = restart_stuck(
-        draws, infos.accepted, jax.random.fold_in(k_curve, 1)
+        draws, infos.accepted & active, jax.random.fold_in(k_curve, 1)
     )
-    pooled = draws[:, num_steps // 2 :].reshape(-1, dim)
 
-    hessian_points = 0
     if metric == "hessian":
-        hessian_points = min(num_hessian_points, pooled.shape[0])
-        estimate = hessian_inverse_mass(potential_fn, spread(pooled, hessian_points))
+        points, _ = window_points(draws, half, length, *(hessian_points,) * 2)
+        estimate = hessian_inverse_mass(potential_fn, points)
     else:
-        estimate = pooled_inverse_mass(pooled, metric == "dense")
-    usable = jnp.all(jnp.isfinite(estimate)) & jnp.all(jnp.isfinite(pooled))
+        estimate = pooled_inverse_mass(
+            draws.reshape(-1, dim), metric == "dense", pooled.reshape(-1)
+        )
+    finite = jnp.all(jnp.where(pooled[..., None], jnp.isfinite(draws), True))
+    usable = jnp.all(jnp.isfinite(estimate)) & finite
     new_inverse = jnp.where(adapt_metric & usable, estimate, inverse_mass)
 
     factors = jnp.asarray(WINDOW_FACTORS, draws.dtype)
-    points = spread(pooled, num_curve_points)
+    points, valid = window_points(draws, half, length, num_curve_points, slots)
     accept = acceptance_curve(
         transition,
         potential_fn,
@@ -222,39 +189,41 @@ def adapt_after_window(
         mass_matrix_sqrt(new_inverse),
         factors,
         k_curve,
+        valid,
     )
     new_step_size = choose_step_size(step_size, factors, accept, target)
 
-    fallbacks = num_steps - fronts
+    fallbacks = length - fronts
     # a sequential window: no iteration, the finish from the start (1 + W g)
     critical, total, levels = window_costs(
         transition,
         solver,
-        num_steps,
+        length,
         False,
         iterations,
         fallbacks,
         num_chains,
         dim,
-        points.shape[0] * factors.shape[0],
+        jnp.sum(valid) * factors.shape[0],
         hessian_points,
         adapt_metric,
     )
-    prob = infos.accept_prob
+    prob = jnp.where(active & jnp.isfinite(infos.accept_prob), infos.accept_prob, 0.0)
     info = WindowInfo(
-        num_steps=jnp.asarray(num_steps, jnp.int32),
+        num_steps=length,
         sequential=sequential,
         newton_iterations=jnp.max(iterations),
-        num_converged=jnp.sum(~sequential & (fronts >= num_steps)),
+        num_converged=jnp.sum(~sequential & (fronts >= length)),
         fallback_steps=jnp.asarray(jnp.max(fallbacks), jnp.int32),
         residual=jnp.max(residuals),
-        mean_accept_prob=jnp.mean(jnp.where(jnp.isfinite(prob), prob, 0.0)),
-        num_diverging=jnp.sum(infos.diverging),
+        mean_accept_prob=jnp.sum(prob) / (num_chains * length),
+        num_diverging=jnp.sum(infos.diverging & active),
         num_restarted=jnp.sum(restarted),
         step_size=step_size,
         metric_updated=adapt_metric & usable,
         critical_path_gradients=jnp.asarray(critical, jnp.int32),
         total_gradients=jnp.asarray(total, draws.dtype),
-        scan_levels=levels,
+        scan_levels=jnp.asarray(levels, jnp.int32),
     )
-    return draws[:, -1], new_step_size, new_inverse, points, info
+    last = draws[:, length - 1]
+    return last, new_step_size, new_inverse, (points, valid), info

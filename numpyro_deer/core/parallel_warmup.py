@@ -168,11 +168,13 @@ def _choose_num_steps(
     potential_fn: PotentialFn,
     candidates: tuple[Transition, ...],
     points: Array,
+    valid: Array,
     step_size: Array,
     inverse_mass: Array,
     key: Array,
 ) -> Array:
-    """The index of the candidate of highest ChEES per gradient."""
+    """The index of the candidate of highest ChEES per gradient at the
+    ``valid`` rows of ``points``."""
     scores = chees_per_gradient(
         potential_fn,
         candidates,
@@ -180,6 +182,7 @@ def _choose_num_steps(
         step_size,
         mass_matrix_sqrt(inverse_mass),
         jax.random.fold_in(key, 1),
+        valid,
     )
     return jnp.argmax(scores)
 
@@ -322,6 +325,9 @@ def parallel_warmup(
     # program for every count (a fixed count runs faster: XLA unrolls it)
     static = split_leapfrog(transition)[0] if num_steps_choices else transition
     padded_length = max(schedule.windows) if pad_windows else None
+    longest = padded_length or max(schedule.windows)
+    # rows of the step size curve's points: as many as any window has
+    slots = min(num_curve_points, x0.shape[0] * (longest - longest // 2))
     # a capped window is one lockstep solve; its cap and look-back are traced
     base = solver
     if cap_iterations:
@@ -337,17 +343,18 @@ def parallel_warmup(
         plan = WindowPlan(
             np.int32(num_steps), leapfrog, np.int32(max_iter), np.int32(stall)
         )
+        pooled = x0.shape[0] * (num_steps - num_steps // 2)  # the second half
         x, eps_next, inverse_mass, points, row = warmup_window(
             static,
             potential_fn,
             base,
-            num_steps,
             padded_length or num_steps,
             cap_iterations,
             metric,
             float(target_accept_prob),
             num_curve_points,
-            num_hessian_points,
+            slots,
+            min(num_hessian_points, pooled) if metric == "hessian" else 0,
             x,
             eps,
             inverse_mass,
@@ -363,11 +370,12 @@ def parallel_warmup(
                 dataclasses.replace(transition, num_steps=n) for n in num_steps_choices
             )
             best = _choose_num_steps(
-                potential_fn, candidates, points, eps, inverse_mass, keys[index + 1]
+                potential_fn, candidates, *points, eps, inverse_mass, keys[index + 1]
             )
             transition = candidates[int(best)]
             extra_critical += max(num_steps_choices) + 1
-            extra_total += points.shape[0] * sum(n + 1 for n in num_steps_choices)
+            num_points = min(num_curve_points, pooled)
+            extra_total += num_points * sum(n + 1 for n in num_steps_choices)
     windows, critical, total, used, mass_sqrt = _report(
         rows, inverse_mass, used, g_f + extra_critical, initial_total + extra_total
     )

@@ -27,6 +27,14 @@ from .metric import solve_sqrt, whiten
 from .transition import PotentialFn, Transition, make_step_fn
 
 
+def _mean(values: Array, valid: Array | None) -> Array:
+    """The mean over the leading axis, of the ``valid`` rows only."""
+    if valid is None:
+        return jnp.mean(values, axis=0)
+    keep = valid.reshape(valid.shape + (1,) * (values.ndim - 1))
+    return jnp.sum(jnp.where(keep, values, 0.0), axis=0) / jnp.sum(valid)
+
+
 def acceptance_curve(
     transition: Transition,
     potential_fn: PotentialFn,
@@ -35,12 +43,14 @@ def acceptance_curve(
     mass_sqrt: Array | None,
     factors: Array,
     key: Array,
+    valid: Array | None = None,
 ) -> Array:
     """Mean acceptance of one transition from ``points`` at ``step_size * f``.
 
     Every candidate factor uses the same tape (common random numbers), so the
     estimated curve is smooth in the step size. A non-finite proposal counts
-    as a rejection. Returns one mean per factor.
+    as a rejection. ``valid`` (``(K,)`` booleans): the points the mean is
+    over (default all). Returns one mean per factor.
     """
     num_points, dim = points.shape
     tape = transition.make_tape(key, num_points, dim, points.dtype)
@@ -50,7 +60,7 @@ def acceptance_curve(
     def mean_accept(factor):
         step_fn = make_step_fn(transition, potential_w, step_size * factor)
         prob = jax.vmap(step_fn)(w, tape)[1].accept_prob
-        return jnp.mean(jnp.where(jnp.isfinite(prob), prob, 0.0))
+        return _mean(jnp.where(jnp.isfinite(prob), prob, 0.0), valid)
 
     return jax.vmap(mean_accept)(factors)
 
@@ -133,19 +143,37 @@ def restart_stuck(draws: Array, accepted: Array, key: Array) -> tuple[Array, Arr
     return jnp.where(keep[:, None, None], draws, draws[donor]), ~keep
 
 
-def pooled_inverse_mass(draws: Array, dense: bool) -> Array:
+def pooled_inverse_mass(
+    draws: Array, dense: bool, weights: Array | None = None
+) -> Array:
     """The regularised variance (or covariance) of pooled draws ``(n, D)``.
 
     ``n/(n+5) S + 1e-3 * 5/(n+5)`` (times the identity for a dense ``S``),
-    Stan's and NumPyro's regularisation of the windowed estimate.
+    Stan's and NumPyro's regularisation of the windowed estimate. With
+    ``weights`` (``(n,)``, 0 or 1) only the rows of weight 1 are the draws
+    (a padded window's), ``n`` their number.
     """
-    n = draws.shape[0]
+    dim = draws.shape[1]
+    if weights is None:
+        n = draws.shape[0]
+        if dense:
+            cov = jnp.atleast_2d(jnp.cov(draws, rowvar=False))
+        else:
+            cov = jnp.var(draws, axis=0, ddof=1)
+    else:
+        n = jnp.sum(weights)
+        keep = weights[:, None] > 0  # the other rows may hold anything
+        mean = jnp.sum(jnp.where(keep, draws, 0.0), axis=0) / n
+        centred = jnp.where(keep, draws - mean, 0.0)
+        if dense:
+            cov = centred.T @ centred / (n - 1)
+        else:
+            cov = jnp.sum(centred**2, axis=0) / (n - 1)
     shrink = n / (n + 5.0)
     ridge = 1e-3 * 5.0 / (n + 5.0)
     if not dense:
-        return shrink * jnp.var(draws, axis=0, ddof=1) + ridge
-    cov = jnp.atleast_2d(jnp.cov(draws, rowvar=False))
-    return shrink * cov + ridge * jnp.eye(draws.shape[1], dtype=draws.dtype)
+        return shrink * cov + ridge
+    return shrink * cov + ridge * jnp.eye(dim, dtype=draws.dtype)
 
 
 def hessian_inverse_mass(potential_fn: PotentialFn, points: Array) -> Array:
@@ -165,6 +193,24 @@ def spread(points: Array, count: int) -> Array:
     return points[index]
 
 
+def window_points(
+    draws: Array, first: Array, stop: Array, count: int, slots: int
+) -> tuple[Array, Array]:
+    """:func:`spread`'s rows of ``draws[:, first:stop]`` pooled over chains
+    (chain by chain), with ``first`` and ``stop`` traced: ``draws`` is
+    ``(C, T, D)``. Returns ``slots`` rows and which of them are points: the
+    ``count`` evenly spaced ones, or all pooled draws where there are at
+    most ``count``, in the first rows (``slots`` at least that many)."""
+    num_chains = draws.shape[0]
+    size = stop - first
+    num = num_chains * size
+    j = jnp.arange(slots)
+    valid = j < jnp.minimum(num, count)
+    index = jnp.where(num > count, ((j + 1) * num) // count - 1, j)
+    index = jnp.where(valid, index, 0)
+    return draws[index // size, first + index % size], valid
+
+
 def chees_per_gradient(
     potential_fn: PotentialFn,
     transitions: tuple[Transition, ...],
@@ -172,6 +218,7 @@ def chees_per_gradient(
     step_size: Array,
     mass_sqrt: Array | None,
     key: Array,
+    valid: Array | None = None,
 ) -> Array:
     r"""ChEES per gradient of each transition (Hoffman, Radul and Sountsov, 2021).
 
@@ -185,10 +232,12 @@ def chees_per_gradient(
     expectation). Divided by the transition's gradients (``num_steps``), it
     scores trajectory lengths without sequential feedback: one transition of
     every candidate from every point, side by side, with the same tape.
+    ``valid`` (``(K,)`` booleans): the points the means are over (default
+    all).
     """
     num_points, dim = points.shape
     w = jax.vmap(lambda x: solve_sqrt(mass_sqrt, x))(points)
-    centre = jnp.mean(w, axis=0)
+    centre = _mean(w, valid)
     before = jnp.sum((w - centre) ** 2, axis=-1)
     potential_w = whiten(potential_fn, mass_sqrt)
     scores = []
@@ -196,7 +245,7 @@ def chees_per_gradient(
         tape = transition.make_tape(key, num_points, dim, points.dtype)
         step_fn = make_step_fn(transition, potential_w, step_size)
         after = jnp.sum((jax.vmap(step_fn)(w, tape)[0] - centre) ** 2, axis=-1)
-        chees = 0.25 * jnp.mean((after - before) ** 2)
+        chees = 0.25 * _mean((after - before) ** 2, valid)
         scores.append(chees / getattr(transition, "num_steps", 1))
     return jnp.stack(scores)
 

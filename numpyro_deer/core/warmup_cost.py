@@ -38,6 +38,7 @@ from __future__ import annotations
 import math
 from typing import NamedTuple
 
+import jax
 import jax.numpy as jnp
 from jax import Array
 
@@ -144,6 +145,13 @@ def iteration_cost(solver: DEERSolver, g: int, first: Array, count: int) -> Arra
     return cost
 
 
+def ceil_log2(n: int | Array) -> int | Array:
+    """``ceil(log2 n)`` for ``n >= 1``, of an integer or an int32 array."""
+    if isinstance(n, Array):
+        return 32 - jax.lax.clz(jnp.asarray(n, jnp.int32) - 1)
+    return math.ceil(math.log2(n))
+
+
 def window_costs(
     transition,
     solver: DEERSolver,
@@ -165,7 +173,8 @@ def window_costs(
     solve); ``curve_evaluations`` is points x candidate step sizes
     (``adaptation=False``: a window without the adaptation after it, a
     sampling block); ``hessian_points`` 0 unless the metric is the Hessian
-    one, counted where ``metric_estimated``."""
+    one, counted where ``metric_estimated``. ``num_steps`` may be traced (a
+    padded window's length)."""
     g = gradients_per_transition(transition)
     g_f = g + 1
     levels = jnp.zeros((), jnp.int32)
@@ -180,7 +189,7 @@ def window_costs(
         s = solver.sweep
         k = jnp.max(iterations)
         critical = iteration_cost(solver, g, 0, k) + tail(jnp.max(fallback))
-        segments = max(1, min(num_steps // s, num_steps)) if s else 0
+        segments = jnp.maximum(1, jnp.minimum(num_steps // s, num_steps)) if s else 0
         # per chain in floating point: the totals of many chains and long
         # windows overflow int32
         iters = jnp.asarray(iterations, float)
@@ -192,7 +201,7 @@ def window_costs(
             + tail(jnp.asarray(fallback, float))
         )
         total = jnp.sum(per_chain)
-        levels = k * math.ceil(math.log2(num_steps))
+        levels = k * ceil_log2(num_steps)
     if not adaptation:
         return critical, total, jnp.asarray(levels, jnp.int32)
     hessian = jnp.where(metric_estimated, 1, 0) if hessian_points else 0
