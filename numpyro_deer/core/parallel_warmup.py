@@ -253,26 +253,24 @@ def parallel_warmup(
             of highest ChEES per gradient at the pooled draws
             (:func:`~.warmup_adapt.chees_per_gradient`); ``None`` keeps
             ``num_steps``. The leapfrog count is then traced in the window
-            programs, so every value runs the same programs (a fixed count,
-            without choices, runs somewhat faster: XLA unrolls its loop).
-        pad_windows: run the draws of every window in one compiled program
-            (:func:`~.adapted_window.padded_window_draws`), its tapes as long
-            as the longest window and the steps past a shorter window
-            frozen (they neither change its draws nor count in its costs,
-            but a DEER iteration computes them); ``False``: one such
-            program per distinct window length, no padded work.
+            program, so every value runs the same program (without choices
+            it stays a constant of the program).
+        pad_windows: run every window and the adaptation after it in one
+            compiled program (:func:`~.adapted_window.warmup_window`), its
+            tapes as long as the longest window and the steps past a
+            shorter window frozen (they neither change its draws nor count
+            in its costs, but a DEER iteration computes them); ``False``:
+            one such program per distinct window length, no padded work.
 
     Returns:
         :class:`ParallelWarmupResult`. The windows run from a Python loop,
         so the call is not meant to be traced under an outer ``jit``. What
-        compiles: the draws of all windows one program (the window's
-        length, kind, iteration cap, front-stall look-back and, with
+        compiles: one program for the windows (the window's length, kind,
+        iteration cap, front-stall look-back and, with
         ``num_steps_choices``, leapfrog count traced; a sequential window
         is a solve of no iteration finished sequentially, the same chain at
-        the same cost), the
-        adaptation after a window one program per distinct window length,
-        and the initial step size search and the trajectory length choice
-        one each.
+        the same cost), and one each for the initial step size search, the
+        trajectory length choice and the report.
     """
     schedule = WarmupSchedule() if schedule is None else schedule
     check_schedule(schedule)
@@ -322,7 +320,7 @@ def parallel_warmup(
     x, rows, used = x0, [], []
     extra_critical, extra_total = 0, 0
     # with a trajectory length choice the leapfrog count is traced: one
-    # program for every count (a fixed count runs faster: XLA unrolls it)
+    # program for every count; a fixed count stays a constant
     static = split_leapfrog(transition)[0] if num_steps_choices else transition
     padded_length = max(schedule.windows) if pad_windows else None
     longest = padded_length or max(schedule.windows)
