@@ -56,9 +56,17 @@ def _plan(length, leapfrog, max_iter, stall):
         (HMC(num_steps=3), True, 2),
         (HMC(num_steps=3), False, 100),
         (HMC(num_steps=3), True, 0),
+        (HMC(num_steps=3), False, 0),
         (MALA(), True, 100),
     ],
-    ids=["hmc-lockstep", "hmc-fallback", "hmc-deer", "hmc-sequential", "mala"],
+    ids=[
+        "hmc-lockstep",
+        "hmc-fallback",
+        "hmc-deer",
+        "hmc-sequential",
+        "hmc-deer-sequential",
+        "mala",
+    ],
 )
 def test_padded_window_equals_sequential_scan(transition, lockstep, max_iter):
     """A window of 10 steps in tapes of 16 (6 frozen), the leapfrog count
