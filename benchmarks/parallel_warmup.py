@@ -153,7 +153,6 @@ def run_model(name, ns):
                 cap_iterations=not ns.no_cap,
                 stall_fraction=ns.stall,
                 num_steps_choices=tuple(ns.num_steps_choices) or None,
-                pad_windows=not ns.no_pad,
             )
         )
 
@@ -254,11 +253,6 @@ def main(argv=None):
         "--no-sequential",
         action="store_true",
         help="the parallel warmup only (no sequential baseline rows)",
-    )
-    parser.add_argument(
-        "--no-pad",
-        action="store_true",
-        help="one window program per window length (no padding to the longest)",
     )
     parser.add_argument(
         "--second-call",

@@ -163,25 +163,6 @@ def test_one_window_program_for_lengths_kinds_and_leapfrog_counts():
     assert int(first.info.windows.fallback_steps[0]) == 8
 
 
-def test_unpadded_windows_compile_one_program_per_length():
-    x0 = jax.random.normal(jax.random.key(1), (16, 5))
-    before = LOG.names.copy()
-    jax.block_until_ready(
-        parallel_warmup(
-            MALA(),
-            gaussian_potential,
-            x0,
-            jax.random.key(0),
-            schedule=WarmupSchedule(windows=(8, 8, 16)),
-            solver=SOLVER,
-            pad_windows=False,
-        )
-    )
-    compiled = _window_programs(LOG.names - before)
-    # a sequential and a DEER window of 8 share one program
-    assert compiled == {"jit(warmup_window)": 2}
-
-
 @pytest.mark.parametrize("dense", [False, True], ids=["diag", "dense"])
 def test_masked_pooled_metric_is_the_metric_of_the_window(dense):
     """The pooled (co)variance of the rows of weight 1 among padding rows

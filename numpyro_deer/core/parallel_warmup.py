@@ -214,7 +214,6 @@ def parallel_warmup(
     num_curve_points: int = 256,
     num_hessian_points: int = 16,
     num_steps_choices: tuple[int, ...] | None = None,
-    pad_windows: bool = True,
 ) -> ParallelWarmupResult:
     """Adapt step size and metric for ``C`` chains in a few parallel windows.
 
@@ -255,22 +254,20 @@ def parallel_warmup(
             ``num_steps``. The leapfrog count is then traced in the window
             program, so every value runs the same program (without choices
             it stays a constant of the program).
-        pad_windows: run every window and the adaptation after it in one
-            compiled program (:func:`~.adapted_window.warmup_window`), its
-            tapes as long as the longest window and the steps past a
-            shorter window frozen (they neither change its draws nor count
-            in its costs, but a DEER iteration computes them); ``False``:
-            one such program per distinct window length, no padded work.
 
     Returns:
         :class:`ParallelWarmupResult`. The windows run from a Python loop,
         so the call is not meant to be traced under an outer ``jit``. What
-        compiles: one program for the windows (the window's length, kind,
-        iteration cap, front-stall look-back and, with
-        ``num_steps_choices``, leapfrog count traced; a sequential window
-        is a solve of no iteration finished sequentially, the same chain at
-        the same cost), and one each for the initial step size search, the
-        trajectory length choice and the report.
+        compiles: one program for the windows and the adaptation after each
+        (:func:`~.adapted_window.warmup_window`: the tapes as long as the
+        longest window, a shorter window's steps past its end frozen, which
+        neither changes its draws nor counts in its costs, though a DEER
+        iteration computes them; the window's length, kind, iteration cap,
+        front-stall look-back and, with ``num_steps_choices``, leapfrog
+        count traced; a sequential window is a solve of no iteration
+        finished sequentially, the same chain at the same cost), and one
+        each for the initial step size search, the trajectory length choice
+        and the report.
     """
     schedule = WarmupSchedule() if schedule is None else schedule
     check_schedule(schedule)
@@ -322,8 +319,8 @@ def parallel_warmup(
     # with a trajectory length choice the leapfrog count is traced: one
     # program for every count; a fixed count stays a constant
     static = split_leapfrog(transition)[0] if num_steps_choices else transition
-    padded_length = max(schedule.windows) if pad_windows else None
-    longest = padded_length or max(schedule.windows)
+    # every window's tapes as long as the longest: one program for all
+    padded_length = longest = max(schedule.windows)
     # rows of the step size curve's points: as many as any window has
     slots = min(num_curve_points, x0.shape[0] * (longest - longest // 2))
     # a capped window is one lockstep solve; its cap and look-back are traced
@@ -346,7 +343,7 @@ def parallel_warmup(
             static,
             potential_fn,
             base,
-            padded_length or num_steps,
+            padded_length,
             cap_iterations,
             metric,
             float(target_accept_prob),
