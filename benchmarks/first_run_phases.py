@@ -1,7 +1,7 @@
 """Where a first run of vectorized ``DEERHMC`` chains spends its time.
 
 For each chain count and warmup length a fresh Python process runs
-``DEERHMC(model, num_steps=4, block_size=1024)`` with
+``DEERHMC(model, num_steps=4, block_size=B)`` with
 ``chain_method="vectorized"`` through ``numpyro_deer.MCMC`` and times, apart,
 
 * ``warmup_s``: ``mcmc.warmup`` (the initial state, the step size search, the
@@ -9,7 +9,7 @@ For each chain count and warmup length a fresh Python process runs
   spent in JAX's compile pipeline (tracing, lowering and XLA's compile: the
   union of the spans JAX reports, ``end_to_end.CompileSpans``), with the
   largest compiles by name;
-* ``block_s``: the first ``mcmc.run`` of one block of 1,024 draws per chain
+* ``block_s``: the first ``mcmc.run`` of one block (``--block-size``, 1,024)
   (``block_compile_s`` of it compiling), and ``block_again_s`` a second one.
 
 The race's rows (``benchmarks/race.py``) reach 0.01 on the small targets at
@@ -37,7 +37,9 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 import common  # noqa: E402
 
 
-def _child(model: str, chains: int, num_warmup: int, platform: str | None) -> dict:
+def _child(
+    model: str, chains: int, num_warmup: int, block_size: int, platform: str | None
+) -> dict:
     if platform:
         import jax
 
@@ -52,9 +54,9 @@ def _child(model: str, chains: int, num_warmup: int, platform: str | None) -> di
     spans.install()
     bench = BENCHMARK_MODELS[model]
     args, kwargs = bench.make_data()
-    kernel = numpyro_deer.DEERHMC(bench.model, num_steps=4, block_size=1024)
+    kernel = numpyro_deer.DEERHMC(bench.model, num_steps=4, block_size=block_size)
     mcmc = numpyro_deer.MCMC(
-        kernel, num_warmup=num_warmup, num_samples=1024, num_chains=chains,
+        kernel, num_warmup=num_warmup, num_samples=block_size, num_chains=chains,
         chain_method="vectorized", progress_bar=False,
     )  # fmt: skip
     row = {"model": model, "chains": chains, "num_warmup": num_warmup}
@@ -82,6 +84,7 @@ def main(argv=None) -> list[dict]:
     parser.add_argument("--models", nargs="+", default=["eight_schools"])
     parser.add_argument("--chains", nargs="+", type=int, default=[1, 64])
     parser.add_argument("--num-warmup", nargs="+", type=int, default=[500])
+    parser.add_argument("--block-size", type=int, default=1024)
     parser.add_argument("--platform", choices=("cpu", "gpu"), default=None)
     parser.add_argument("--json", default=None)
     parser.add_argument("--child", help=argparse.SUPPRESS)
@@ -95,7 +98,7 @@ def main(argv=None) -> list[dict]:
         for chains in ns.chains:
             for num_warmup in ns.num_warmup:
                 spec = {"model": model, "chains": chains, "num_warmup": num_warmup}
-                spec["platform"] = ns.platform
+                spec.update(block_size=ns.block_size, platform=ns.platform)
                 done = subprocess.run(
                     [sys.executable, __file__, "--child", json.dumps(spec)],
                     capture_output=True, text=True, timeout=600,

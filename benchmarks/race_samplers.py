@@ -174,13 +174,13 @@ def _deer_competitor(target, chains, settings, tracker, kernel, warmup):
     extra = ("newton_iterations", "block.info.front")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        mcmc.warmup(jax.random.PRNGKey(settings["seed"]), *args, **kwargs)
-        tracker.warmup_done(_counts.deer_warmup(kernel, chains, warmup))
-        dim = _flat_dim(mcmc.post_warmup_state.z, chains)
+        # the first segment is the user's first run: warmup and one block in
+        # one call (the block programs compile while the warmup runs)
+        tracker.warmup_done(_counts.deer_warmup(kernel, chains, warmup), True)
+        key = jax.random.PRNGKey(settings["seed"])
         while not tracker.done():
-            mcmc.run(
-                mcmc.post_warmup_state.rng_key, *args, extra_fields=extra, **kwargs
-            )
+            mcmc.run(key, *args, extra_fields=extra, **kwargs)
+            dim = _flat_dim(mcmc.last_state.z, chains)
             draws = flatten_sites(mcmc.get_samples(group_by_chain=True), sites, 2)
             s1, s2 = draws.sum(0), (draws**2).sum(0)
             fields = mcmc.get_extra_fields(group_by_chain=True)
@@ -192,6 +192,7 @@ def _deer_competitor(target, chains, settings, tracker, kernel, warmup):
             )
             tracker.segment(np.asarray(s1), np.asarray(s2), chains, counts)
             mcmc.post_warmup_state = mcmc.last_state
+            key = mcmc.post_warmup_state.rng_key
 
 
 def nuts(dense: bool) -> Callable:

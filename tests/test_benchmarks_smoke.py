@@ -203,6 +203,14 @@ CASES = {
         "--sweep",
         "0",
     ],
+    "first_run_phases.py": [
+        "--chains",
+        "2",
+        "--num-warmup",
+        "20",
+        "--block-size",
+        "16",
+    ],
     "many_chains.py": [
         "--models",
         "eight_schools",
@@ -243,6 +251,7 @@ BENCH_ONLY = {
     "compile_profile.py",
     "dense_products.py",
     "driver_overhead.py",
+    "first_run_phases.py",
     "hmc_formulations.py",
     "hmc_tuning.py",
     "hmc_vs_mala.py",
@@ -305,6 +314,10 @@ def test_benchmark_runs_at_a_tiny_size(script, tmp_path):
             for way in ("elementwise", "matrix")
         ]
         assert all(r["run_s"] > 0 and r["compile_s"] > 0 for r in rows)
+    if script == "first_run_phases.py":  # one row, its phases timed
+        (row,) = result_json["rows"]
+        assert 0 < row["warmup_compile_s"] <= row["warmup_s"]
+        assert 0 < row["block_again_s"] and row["warmup_compiles"]
     if script == "many_chains.py":
         rows = result_json["rows"]
         assert [r["status"] for r in rows] == ["ok"] * 4, rows

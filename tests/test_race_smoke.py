@@ -65,6 +65,35 @@ def test_tracker_scores_against_the_truth():
     assert e1 == pytest.approx((0.125 / 0.5) ** 2, rel=1e-9)
 
 
+def test_first_segment_is_timed_back_from_its_end():
+    """The first segment (the sampling program's compile in it) is timed back
+    from its end at the second segment's rate, never before its start; later
+    segments are interpolated linearly."""
+    truth = {"a": gym_models.Truth(np.array([0.0]), np.array([1.0]))}
+    tracker = race.Tracker(truth, budget_s=1e9, stop_at=0.0)
+    clock = iter([10.0, 20.0, 21.0, 40.0, 41.0])
+    tracker.now = lambda: next(clock)
+    tracker.warmup_done(race.Counts())  # at 10 s
+    x, x2 = np.zeros((4, 1)), np.ones((4, 1))
+    tracker.segment(x, x2, chains=1, counts=race.Counts())  # ends at 20 s
+    assert [c["wall_s"] for c in tracker.checkpoints] == [20.0] * 4
+    tracker.segment(x, x2, chains=1, counts=race.Counts())  # 4 draws in 1 s
+    wall = {c["draws_per_chain"]: c["wall_s"] for c in tracker.checkpoints}
+    assert wall == {
+        1: 19.25, 2: 19.5, 3: 19.75, 4: 20.0,  # the first, timed back
+        5: 20.25, 6: 20.5, 7: 20.75, 8: 21.0,  # the second, interpolated
+    }  # fmt: skip
+    # a first segment faster than the second's rate starts at its start
+    tracker = race.Tracker(truth, budget_s=1e9, stop_at=0.0)
+    clock = iter([0.0, 1.0, 41.0])
+    tracker.now = lambda: next(clock)
+    tracker.warmup_done(race.Counts(), in_first_segment=True)
+    assert tracker.warmup_s is None
+    tracker.segment(x, x2, chains=1, counts=race.Counts())
+    tracker.segment(x, x2, chains=1, counts=race.Counts())  # 10 s per draw
+    assert [c["wall_s"] for c in tracker.checkpoints[:4]] == [0.0, 0.0, 0.0, 1.0]
+
+
 def _available(sampler):
     if (
         sampler in race_samplers.BLACKJAX_SAMPLERS
