@@ -12,6 +12,9 @@
 #   bash benchmarks/run_gpu_race.sh many    # many_chains.py: chain counts,
 #                                           # stragglers, D=100 x 256 chains
 #   bash benchmarks/run_gpu_race.sh numpyro020  # NUTS x256 with NumPyro 0.20
+#   bash benchmarks/run_gpu_race.sh phases  # first_run_phases.py, then the
+#                                           # Gym's two targets: NUTS on the
+#                                           # CPU cores, DEER rows in one call
 # BlackJAX (ChEES, MEADS, adjusted MCLMC) must be importable; the image's JAX
 # and NumPyro are used as they are.
 set -uo pipefail
@@ -52,6 +55,14 @@ many)
     timeout 240 python3 benchmarks/many_chains.py --models eight_schools --chains 1 256 1024 --block-sizes 1024 --warmup 200 --blocks 2 --stragglers auto --json "$out/many_chains_stragglers.json"
     timeout 120 python3 benchmarks/many_chains.py --models eight_schools --chains 1024 --block-sizes 1024 --warmup 200 --blocks 2 --stragglers off --json "$out/many_chains_stragglers_off.json"
     timeout 200 python3 benchmarks/many_chains.py --models logistic_regression_large --kernels mala --chains 256 --block-sizes 4096 --warmup 100 --blocks 1 --json "$out/many_chains_d100.json"
+    ;;
+phases)
+    # where a first call waits, then the race rows whose first segment holds
+    # the warmup (numpyro_deer.MCMC rows) beside NUTS on the CPU cores
+    timeout 170 python3 benchmarks/first_run_phases.py --platform gpu --chains 1 64 1024 --num-warmup 500 --json "$out/first_run_phases_gpu.json"
+    targets="gym_eight_schools gym_brownian_motion_missing_middle"
+    timeout 100 python3 benchmarks/race.py --platform cpu --quick --targets $targets --samplers nuts_diag:16 --budget-seconds 10 --grace-seconds 30 --out "$out/race_cpu_nuts"
+    timeout 280 python3 benchmarks/race.py --platform gpu --quick --targets $targets --samplers ${SAMPLERS:-deerhmc:64 hmc_seq:1024 deerhmc_pw:64} --budget-seconds 10 --grace-seconds 30 --out "$out/race_gpu_phases"
     ;;
 numpyro020)
     # NumPyro issue 2225: vectorized NUTS on the GPU with the image's NumPyro
