@@ -157,11 +157,7 @@ class Tracker:
         and the segment's gradient counts."""
         t_end, n = self.now(), s1.shape[0]
         if self.first is not None:  # time the first segment back at this rate
-            marks, n_first, start, end = self.first
-            rate = (t_end - self.t_last) / n
-            for c in marks:
-                draws = c["draws_per_chain"]
-                c["wall_s"] = max(start, end - (n_first - draws) * rate)
+            _time_back(*self.first, (t_end - self.t_last) / n)
             self.first = None
         first = not self.checkpoints
         c1 = self.s1 + np.cumsum(s1.astype(np.float64), 0)
@@ -196,10 +192,32 @@ class Tracker:
 
     def reached(self, thr: float) -> dict | None:
         """The first checkpoint with both errors at or below ``thr``."""
-        for c in self.checkpoints:
-            if max(c["err_mean"], c["err_second"]) <= thr:
-                return c
-        return None
+        return _first_at(self.checkpoints, thr)
+
+
+def _first_at(checkpoints: list[dict], thr: float) -> dict | None:
+    for c in checkpoints:
+        if max(c["err_mean"], c["err_second"]) <= thr:
+            return c
+    return None
+
+
+def reached_table(checkpoints: list[dict]) -> dict:
+    """Per threshold, the wall time and counts of the first checkpoint at or
+    below it (``None``: not reached)."""
+    return {
+        str(thr): (c and {k: c[k] for k in ("wall_s", *COUNT_KEYS)})
+        for thr in THRESHOLDS
+        for c in [_first_at(checkpoints, thr)]
+    }
+
+
+def _time_back(marks: list[dict], draws: int, start: float, end: float, rate):
+    """A first segment's checkpoints ``marks`` (``draws`` per chain, from
+    ``start`` to ``end``) timed back from its end at ``rate`` seconds per
+    draw, never before its start."""
+    for c in marks:
+        c["wall_s"] = max(start, end - (draws - c["draws_per_chain"]) * rate)
 
 
 def retime(row: dict) -> dict:
@@ -224,19 +242,17 @@ def retime(row: dict) -> dict:
     ):
         end += 1
     points = [dict(c) for c in points]
-    t_end, n1 = points[end]["wall_s"], points[end]["draws_per_chain"]
     # no second segment: the first segment's checkpoints hold its end
     rate2 = slope(points[end], points[end + 1]) if end + 1 < len(points) else 0.0
-    for c in points[: end + 1]:
-        c["wall_s"] = max(start["wall_s"], t_end - (n1 - c["draws_per_chain"]) * rate2)
-    tracker = Tracker.__new__(Tracker)
-    tracker.checkpoints = points
-    reached = {
-        str(thr): (c and {k: c[k] for k in ("wall_s", *COUNT_KEYS)})
-        for thr in THRESHOLDS
-        for c in [tracker.reached(thr)]
-    }
-    return {**row, "checkpoints": points, "reached": reached}
+    last = points[end]
+    _time_back(
+        points[: end + 1],
+        last["draws_per_chain"],
+        start["wall_s"],
+        last["wall_s"],
+        rate2,
+    )
+    return {**row, "checkpoints": points, "reached": reached_table(points)}
 
 
 # ----------------------------------------------------------------- worker
@@ -262,11 +278,7 @@ def run_one(spec: dict) -> dict:
         total_s=tracker.now(),
         draws_per_chain=tracker.n,
         checkpoints=tracker.checkpoints,
-        reached={
-            str(thr): (c and {k: c[k] for k in ("wall_s", *COUNT_KEYS)})
-            for thr in THRESHOLDS
-            for c in [tracker.reached(thr)]
-        },
+        reached=reached_table(tracker.checkpoints),
         source=target.source,
         reference_ess=target.reference_ess,
         dim=int(sum(t.mean.size for t in target.truth.values())),
