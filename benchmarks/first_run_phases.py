@@ -15,9 +15,18 @@ For each chain count and warmup length a fresh Python process runs
 The race's rows (``benchmarks/race.py``) reach 0.01 on the small targets at
 their first checkpoint after warmup, so ``warmup_s`` is what they wait for.
 
+``--one-call`` times instead what a user's first call waits for: one
+``mcmc.run`` of the warmup and ``--blocks`` blocks (``run_s``; its programs
+compile side by side while the warmup runs), with ``--methods`` (``auto``,
+``deer``, ``sequential``) in a process each, and the compiles' timeline
+(``timeline``: each backend compile's program, start and end in seconds
+from the call's start) in the JSON.
+
     PYTHONPATH=. python3 benchmarks/first_run_phases.py --models eight_schools
     PYTHONPATH=. python3 benchmarks/first_run_phases.py --platform gpu \\
         --chains 1 64 1024 --json $OUT/first_run_phases_gpu.json
+    PYTHONPATH=. python3 benchmarks/first_run_phases.py --platform gpu --one-call \\
+        --chains 1024 --methods sequential deer auto --block-size 512
 """
 
 from __future__ import annotations
@@ -38,7 +47,13 @@ import common  # noqa: E402
 
 
 def _child(
-    model: str, chains: int, num_warmup: int, block_size: int, platform: str | None
+    model: str,
+    chains: int,
+    num_warmup: int,
+    block_size: int,
+    platform: str | None,
+    method: str = "auto",
+    blocks: int = 0,
 ) -> dict:
     if platform:
         import jax
@@ -54,12 +69,17 @@ def _child(
     spans.install()
     bench = BENCHMARK_MODELS[model]
     args, kwargs = bench.make_data()
-    kernel = numpyro_deer.DEERHMC(bench.model, num_steps=4, block_size=block_size)
+    kernel = numpyro_deer.DEERHMC(
+        bench.model, num_steps=4, block_size=block_size, method=method
+    )
     mcmc = numpyro_deer.MCMC(
-        kernel, num_warmup=num_warmup, num_samples=block_size, num_chains=chains,
-        chain_method="vectorized", progress_bar=False,
+        kernel, num_warmup=num_warmup, num_samples=block_size * max(blocks, 1),
+        num_chains=chains, chain_method="vectorized", progress_bar=False,
     )  # fmt: skip
     row = {"model": model, "chains": chains, "num_warmup": num_warmup}
+    row["method"] = method
+    if blocks:
+        return {**row, **_one_call(mcmc, spans, args, kwargs)}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         mark, tic = spans.mark(), time.perf_counter()
@@ -79,6 +99,52 @@ def _child(
     return row
 
 
+def _one_call(mcmc, spans, args, kwargs) -> dict:
+    """One ``mcmc.run`` of warmup and blocks, with its compiles' timeline."""
+    import jax
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        mark, start = spans.mark(), time.time()
+        tic = time.perf_counter()
+        mcmc.run(jax.random.PRNGKey(0), *args, **kwargs)
+        jax.block_until_ready(mcmc.get_samples())
+        run_s = time.perf_counter() - tic
+    timeline = [
+        {"fun": name[4:-1], "start": round(s - start, 3), "end": round(e - start, 3)}
+        for phase, s, e, name in spans.spans[mark[0] :]
+        if phase == "backend"
+    ]
+    largest = sorted(timeline, key=lambda c: c["start"] - c["end"])[:3]
+    return {
+        "run_s": run_s,
+        "run_compile_s": spans.summary(mark)["compile_s"],
+        "compiles": len(timeline),
+        "largest": ", ".join(
+            f"{c['fun']} {c['start']:.2f}-{c['end']:.2f}" for c in largest
+        ),
+        "method_chosen": mcmc.sampler.method_chosen,
+        "timeline": sorted(timeline, key=lambda c: c["start"]),
+    }
+
+
+def _run_child(spec: dict) -> dict | None:
+    """``_child(**spec)`` in a fresh process; ``None`` (stderr shown) if it failed."""
+    done = subprocess.run(
+        [sys.executable, __file__, "--child", json.dumps(spec)],
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    lines = [x for x in done.stdout.splitlines() if x.startswith("ROW")]
+    if not lines:
+        print(done.stderr[-2000:], file=sys.stderr)
+        return None
+    row = json.loads(lines[0][3:])
+    if "warmup_compiles" in row:
+        top = row["warmup_compiles"][:3]
+        row["largest"] = ", ".join(f"{c['fun'][4:-1]} {c['s']:.2f}" for c in top)
+    return row
+
+
 def main(argv=None) -> list[dict]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="+", default=["eight_schools"])
@@ -86,6 +152,9 @@ def main(argv=None) -> list[dict]:
     parser.add_argument("--num-warmup", nargs="+", type=int, default=[500])
     parser.add_argument("--block-size", type=int, default=1024)
     parser.add_argument("--platform", choices=("cpu", "gpu"), default=None)
+    parser.add_argument("--one-call", action="store_true")
+    parser.add_argument("--methods", nargs="+", default=["auto"])
+    parser.add_argument("--blocks", type=int, default=1)
     parser.add_argument("--json", default=None)
     parser.add_argument("--child", help=argparse.SUPPRESS)
     ns = parser.parse_args(argv)
@@ -97,31 +166,32 @@ def main(argv=None) -> list[dict]:
     for model in ns.models:
         for chains in ns.chains:
             for num_warmup in ns.num_warmup:
-                spec = {"model": model, "chains": chains, "num_warmup": num_warmup}
-                spec.update(block_size=ns.block_size, platform=ns.platform)
-                done = subprocess.run(
-                    [sys.executable, __file__, "--child", json.dumps(spec)],
-                    capture_output=True, text=True, timeout=600,
-                )  # fmt: skip
-                lines = [x for x in done.stdout.splitlines() if x.startswith("ROW")]
-                if not lines:
-                    print(done.stderr[-2000:], file=sys.stderr)
-                    continue
-                row = json.loads(lines[0][3:])
-                top = row["warmup_compiles"][:3]
-                row["largest"] = ", ".join(
-                    f"{c['fun'][4:-1]} {c['s']:.2f}" for c in top
-                )
-                rows.append(row)
+                for method in ns.methods:
+                    spec = {"model": model, "chains": chains, "num_warmup": num_warmup}
+                    spec.update(block_size=ns.block_size, platform=ns.platform)
+                    spec.update(method=method, blocks=ns.blocks if ns.one_call else 0)
+                    row = _run_child(spec)
+                    if row is not None:
+                        rows.append(row)
     path = ns.json or common.default_json_path("first_run_phases")
     common.write_json(path, {"machine": common.machine_info(), "rows": rows})
     print(common.describe_machine(common.machine_info()))
-    columns = [
-        ("model", "model"), ("chains", "chains"), ("num_warmup", "warmup steps"),
-        ("warmup_s", "warmup s", ".3g"), ("warmup_compile_s", "compiling", ".3g"),
-        ("block_s", "first block s", ".3g"), ("block_compile_s", "compiling", ".3g"),
-        ("block_again_s", "next block s", ".3g"), ("largest", "largest compiles, s"),
-    ]  # fmt: skip
+    head = [("model", "model"), ("chains", "chains"), ("num_warmup", "warmup steps")]
+    if ns.one_call:
+        columns = head + [
+            ("method", "method"), ("method_chosen", "chosen"),
+            ("run_s", "first mcmc.run s", ".3g"), ("run_compile_s", "compiling", ".3g"),
+            ("compiles", "compiles"), ("largest", "largest compiles: from-to s"),
+        ]  # fmt: skip
+    else:
+        columns = head + [
+            ("warmup_s", "warmup s", ".3g"),
+            ("warmup_compile_s", "compiling", ".3g"),
+            ("block_s", "first block s", ".3g"),
+            ("block_compile_s", "compiling", ".3g"),
+            ("block_again_s", "next block s", ".3g"),
+            ("largest", "largest compiles, s"),
+        ]  # fmt: skip
     print(common.format_table(rows, columns))
     return rows
 
