@@ -215,3 +215,29 @@ def test_initial_state_compiles_beside_the_programs_from_their_shapes():
     # nor anything else: NumPyro's search for the initial point is part of
     # the initial state's program, the model's set-up is only traced
     assert LOG.events[before:] == []
+
+
+MODEL_CALLS = []
+
+
+def _counted_model(y, sigma):
+    """``gaussian_mean_model``, counting its executions (each one a trace)."""
+    MODEL_CALLS.append(None)
+    gaussian_mean_model(y, sigma)
+
+
+@pytest.mark.parametrize("method", ["deer", "sequential"])
+def test_block_program_traces_the_model_at_most_once(method):
+    # the potential is a jitted function of the values and the model's
+    # arrays: a program's evaluations, gradients, vmaps and linearizations
+    # of it reuse one trace of the model per shape (a DEER block traced the
+    # model 9 times, a sequential one twice, when every use traced it)
+    args, kwargs = gaussian_data(3.0)
+    kernel = DEERMALA(_counted_model, block_size=16, method=method)
+    mcmc = MCMC(kernel, **SETTINGS, num_chains=2, chain_method="vectorized")
+    mcmc.progress_bar = False
+    mcmc.warmup(jax.random.PRNGKey(0), *args, **kwargs)
+    MODEL_CALLS.clear()
+    mcmc.run(mcmc.post_warmup_state.rng_key, *args, **kwargs)
+    assert len(MODEL_CALLS) <= 1, len(MODEL_CALLS)
+    assert np.isfinite(np.asarray(mcmc.get_samples()["mu"])).all()
