@@ -58,7 +58,7 @@ def _potential_at(model: tuple, x, dynamic):
     return potential_fn(unravel(x))
 
 
-_jitted_potential_at = jax.jit(_potential_at, static_argnums=0)
+_jitted_potential_at = jax.jit(_potential_at, static_argnums=0, inline=True)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -149,9 +149,10 @@ class BlockProgram:
         A jitted function of the values and the model's array arguments, its
         model and other arguments static: a program that evaluates, grads,
         vmaps or linearizes the potential many times traces the model once
-        per shape (JAX's trace cache) and transforms that jaxpr after (XLA
-        inlines the call: the same draws). Unhashable static arguments: the
-        model is traced at every use instead.
+        per shape (JAX's trace cache) and transforms that jaxpr after; the
+        jaxpr is inlined into each program (``inline=True``), whose HLO is
+        the same as with the model traced at every use. Unhashable static
+        arguments: the model is traced at every use.
         """
         dynamic, static = compile_cache.split_model_args(args, kwargs)
         source = self.potential_fn if self.potential_fn_gen is None else None
