@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 from jax import Array
 
-from ..core.newton import NewtonInfo, no_solve_info
+from ..core.newton import DEERSolver, NewtonInfo, newton_pilot, no_solve_info
 
 
 class BlockBuffer(NamedTuple):
@@ -73,7 +73,9 @@ class DEERState(NamedTuple):
         block: the buffer of the current block (internal).
         curvature_points: ``(K, D)`` flat draws where the mean Hessian of the
             next block's solve basis is taken (``solve_basis="hessian"``):
-            spread over the later warmup, then over the previous block.
+            spread over the later warmup, then over the previous block
+            (without warmup draws, the initial point repeated: see
+            :func:`pilot_points`).
     """
 
     i: Array
@@ -176,3 +178,43 @@ def emit_draw(
         deer_converged=block.info.converged,
         block=block._replace(index=jnp.asarray(k + 1, jnp.int32)),
     )
+
+
+PILOT_ITERATIONS = 4
+"""Newton iterations in the whitened coordinates that a block whose curvature
+points all coincide (no warmup draws) takes before its solve basis is formed
+from its iterate (:func:`pilot_points`)."""
+
+
+def pilot_points(
+    points: Array,
+    w0: Array,
+    tape: Any,
+    key: Array,
+    steps_w: tuple,
+    solver: DEERSolver,
+) -> tuple[Array, Array, Array, Array]:
+    """``(points, iterate, use, iterations)``: a block's curvature points,
+    from a pilot solve where they all coincide.
+
+    Without warmup draws the ``K`` points are all the initial point, whose
+    Hessian can turn the solve basis the wrong way where the chain starts far
+    from the bulk (the curvature there is not the bulk's). Such a block first
+    takes :data:`PILOT_ITERATIONS` Newton iterations in the whitened
+    coordinates (:func:`~numpyro_deer.core.newton.newton_pilot`), whose
+    iterate, a rough path of the block, gives ``K`` evenly spaced points
+    (:func:`block_points`) and the solve's initial guess; ``use`` says whether
+    it does (the points coincide and the iterate is finite), ``iterations``
+    how many were taken. Other blocks take none and keep ``points``.
+
+    ``points``, ``w0`` (the block's start) and ``tape`` are in the whitened
+    coordinates; ``steps_w`` is the step there and its sequential form.
+    """
+    coincide = jnp.all(points == points[0])
+    step_fn, sequential = steps_w
+    num = jnp.where(coincide, PILOT_ITERATIONS, 0)
+    carry = newton_pilot(step_fn, w0, tape, key, solver, num, sequential)
+    iterate = carry.states[1:]
+    use = coincide & ~carry.nonfinite
+    points = jnp.where(use, block_points(iterate, points.shape[0]), points)
+    return points, iterate, use, carry.iteration

@@ -30,7 +30,13 @@ from jax.flatten_util import ravel_pytree
 from ..core.batched import batched_deer_solve
 from ..core.hessian import curvature_basis
 from ..core.metric import mass_matrix_sqrt, mul_sqrt, solve_sqrt, whiten
-from ..core.newton import RESULTS, DEERSolver, NewtonInfo, deer_solve, no_solve_info
+from ..core.newton import (
+    RESULTS,
+    DEERSolver,
+    NewtonInfo,
+    deer_solve,
+    no_solve_info,
+)
 from ..core.transition import (
     Transition,
     finish_chain,
@@ -38,7 +44,14 @@ from ..core.transition import (
     make_step_fn,
     sequential_chain,
 )
-from .block import BlockBuffer, DEERState, block_points, key_bits, needs_refill
+from .block import (
+    BlockBuffer,
+    DEERState,
+    block_points,
+    key_bits,
+    needs_refill,
+    pilot_points,
+)
 from .chains import map_groups
 from .hessian_mass import MAX_HESSIAN_DIM
 from .mesh import TimeMesh
@@ -67,6 +80,9 @@ class BlockProblem(NamedTuple):
         tape: the block's tape in those coordinates.
         params: ``(mass_sqrt, basis, step_size)``, what the step depends on
             (``basis`` ``None`` in the whitened coordinates).
+        init: the solve's initial guess ``(B, D)`` in those coordinates
+            (``None``: ``u0`` repeated).
+        first_iteration: Newton iterations already taken (the pilot's).
     """
 
     rng_key: Array
@@ -74,6 +90,8 @@ class BlockProblem(NamedTuple):
     u0: Array
     tape: Any
     params: tuple
+    init: Array | None
+    first_iteration: Array
 
 
 def block_problem(
@@ -83,13 +101,16 @@ def block_problem(
     solver: DEERSolver,
     method: str,
     transition: Transition,
+    pilot: bool = True,
 ) -> BlockProblem:
     """The next block's keys, tape and coordinates, from ``state``.
 
     The block is solved in the whitened coordinates ``w = L^{-1} x``; DEER
     rotates them to the mean Hessian's eigenbasis when ``solver.solve_basis``
     says so (``method="sequential"`` never does: a rotation leaves the chain
-    the same, up to rounding, and costs a Hessian per block).
+    the same, up to rounding, and costs a Hessian per block). With ``pilot``
+    a block whose curvature points coincide takes them from a pilot solve
+    (:func:`pilot_points`).
     """
     block_size = state.block.z.shape[0]
     rng_key, key_tape, key_probe = jax.random.split(state.rng_key, 3)
@@ -103,15 +124,31 @@ def block_problem(
         solve_basis = "whitened"
     elif solve_basis == "auto":
         solve_basis = "hessian" if w0.shape[0] <= MAX_HESSIAN_DIM else "whitened"
+    init, first_iteration = None, jnp.zeros((), jnp.int32)
     if solve_basis == "hessian":
         potential_w = whiten(potential_flat, mass_sqrt)
         points = jax.vmap(lambda x: solve_sqrt(mass_sqrt, x))(state.curvature_points)
+        if pilot:
+            steps_w = block_steps(potential_flat, transition, solver.gate)(
+                (mass_sqrt, None, adapt.step_size)
+            )
+            points, iterate, use, first_iteration = pilot_points(
+                points, w0, tape, key_probe, steps_w, solver
+            )
         basis = curvature_basis(potential_w, points)
         tape, u0 = transition.rotate_tape(tape, basis), basis.T @ w0
+        if pilot:
+            init = jnp.where(use, iterate @ basis, u0)
     else:
         basis, u0 = None, w0
     return BlockProblem(
-        rng_key, key_probe, u0, tape, (mass_sqrt, basis, adapt.step_size)
+        rng_key,
+        key_probe,
+        u0,
+        tape,
+        (mass_sqrt, basis, adapt.step_size),
+        init,
+        first_iteration,
     )
 
 
@@ -156,7 +193,9 @@ def refill_block(
     ``mesh`` the DEER solve is split over its devices
     (:mod:`~numpyro_deer.infer.mesh`).
     """
-    problem = block_problem(state, potential_flat, ravel, solver, method, transition)
+    problem = block_problem(
+        state, potential_flat, ravel, solver, method, transition, mesh is None
+    )
     steps = block_steps(potential_flat, transition, solver.gate)
     u0, tape_u = problem.u0, problem.tape
     if method == "sequential":
@@ -167,8 +206,9 @@ def refill_block(
     elif mesh is None:
         step_fn, sequential = steps(problem.params)
         u, step_info, info = deer_solve(
-            step_fn, u0, tape_u, problem.key_probe, solver, None, sequential
-        )
+            step_fn, u0, tape_u, problem.key_probe, solver, problem.init,
+            sequential, problem.first_iteration,
+        )  # fmt: skip
     else:
         # the step is built from the chain's values inside the solve's
         # shard_map (see sharded_deer_solve's step_params)
@@ -220,6 +260,12 @@ def refill_blocks(
         problems.key_probe,
         solver,
         capacity,
+        init_states=problems.init,
+        first_iteration=problems.first_iteration,
+    )
+    # the pilots ran side by side, as many iterations as the longest
+    info = info._replace(
+        batch_iterations=info.batch_iterations + jnp.max(problems.first_iteration)
     )
 
     def solved(*args):
