@@ -187,6 +187,7 @@ from its iterate (:func:`pilot_points`)."""
 
 
 def pilot_points(
+    potential_w: Callable[[Array], Array],
     points: Array,
     w0: Array,
     tape: Any,
@@ -202,13 +203,17 @@ def pilot_points(
     from the bulk (the curvature there is not the bulk's). Such a block first
     takes :data:`PILOT_ITERATIONS` Newton iterations in the whitened
     coordinates (:func:`~numpyro_deer.core.newton.newton_pilot`), whose
-    iterate, a rough path of the block, gives ``K`` evenly spaced points
-    (:func:`block_points`) and the solve's initial guess; ``use`` says whether
-    it does (the points coincide and the iterate is finite), ``iterations``
-    how many were taken. Other blocks take none and keep ``points``.
+    iterate, a rough path of the block, is the solve's initial guess and gives
+    ``K`` evenly spaced points (:func:`block_points`), each kept where its
+    potential is at most the start's and replaced by the start elsewhere (an
+    iterate far off the posterior, whose curvature would dominate the mean, is
+    not trusted). ``use`` says whether the pilot's iterate is used (the
+    points coincide and it is finite), ``iterations`` how many iterations were
+    taken. Other blocks take none and keep ``points``.
 
-    ``points``, ``w0`` (the block's start) and ``tape`` are in the whitened
-    coordinates; ``steps_w`` is the step there and its sequential form.
+    ``potential_w`` is the potential, and ``points``, ``w0`` (the block's
+    start) and ``tape`` are, in the whitened coordinates; ``steps_w`` is the
+    step there and its sequential form.
     """
     coincide = jnp.all(points == points[0])
     step_fn, sequential = steps_w
@@ -216,5 +221,10 @@ def pilot_points(
     carry = newton_pilot(step_fn, w0, tape, key, solver, num, sequential)
     iterate = carry.states[1:]
     use = coincide & ~carry.nonfinite
-    points = jnp.where(use, block_points(iterate, points.shape[0]), points)
+    guess = block_points(iterate, points.shape[0])
+    # beyond the front the iterate is a guess: a state less probable than the
+    # start (off the posterior's ridge) is not trusted, the start taken instead
+    likely = jax.vmap(potential_w)(guess) <= potential_w(w0)
+    guess = jnp.where(likely[:, None], guess, w0)
+    points = jnp.where(use, guess, points)
     return points, iterate, use, carry.iteration

@@ -133,7 +133,7 @@ def block_problem(
                 (mass_sqrt, None, adapt.step_size)
             )
             points, iterate, use, first_iteration = pilot_points(
-                points, w0, tape, key_probe, steps_w, solver
+                potential_w, points, w0, tape, key_probe, steps_w, solver
             )
         basis = curvature_basis(potential_w, points)
         tape, u0 = transition.rotate_tape(tape, basis), basis.T @ w0
