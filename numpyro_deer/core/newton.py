@@ -40,6 +40,7 @@ sharded solver); :func:`solve_loop` loops it under
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -404,7 +405,6 @@ def newton_pilot(
     key: Array,
     solver: DEERSolver,
     num_iterations: Array | int,
-    sequential: SequentialStep | None = None,
 ) -> IterationCarry:
     """At most ``num_iterations`` Newton iterations of a block from ``x0``
     repeated, fewer where the block passes or an iterate turns non-finite.
@@ -414,16 +414,19 @@ def newton_pilot(
     ``carry.states[1:]`` is a rough path of the block, e.g. for a guess of its
     curvature before the solve; ``carry.iteration`` iterations were taken
     (pass both on to :func:`deer_solve`: ``init_states`` and
-    ``first_iteration``).
+    ``first_iteration``). The pilot never sweeps (``solver.sweep`` is
+    ignored): its iterations are meant to be fewer than ``sweep_after``, and
+    without the sweep its loop is a smaller program to compile.
     """
     carry = _initial_carry(step_fn, x0, tape, None)
     num_steps = carry.passed.shape[0]
     layout = whole_block(num_steps)
+    plain = dataclasses.replace(solver, sweep=0)
 
     def more(c):
         return (c.iteration < num_iterations) & (c.front < num_steps) & ~c.nonfinite
 
     def body(c):
-        return newton_iteration(step_fn, solver, tape, key, c, layout, sequential)
+        return newton_iteration(step_fn, plain, tape, key, c, layout)
 
     return jax.lax.while_loop(more, body, carry)

@@ -192,7 +192,7 @@ def pilot_points(
     w0: Array,
     tape: Any,
     key: Array,
-    steps_w: tuple,
+    step_w: Callable,
     solver: DEERSolver,
 ) -> tuple[Array, Array, Array, Array]:
     """``(points, iterate, use, iterations)``: a block's curvature points,
@@ -212,13 +212,12 @@ def pilot_points(
     taken. Other blocks take none and keep ``points``.
 
     ``potential_w`` is the potential, and ``points``, ``w0`` (the block's
-    start) and ``tape`` are, in the whitened coordinates; ``steps_w`` is the
-    step there and its sequential form.
+    start) and ``tape`` are, in the whitened coordinates; ``step_w`` is the
+    step there.
     """
     coincide = jnp.all(points == points[0])
-    step_fn, sequential = steps_w
     num = jnp.where(coincide, PILOT_ITERATIONS, 0)
-    carry = newton_pilot(step_fn, w0, tape, key, solver, num, sequential)
+    carry = newton_pilot(step_w, w0, tape, key, solver, num)
     iterate = carry.states[1:]
     use = coincide & ~carry.nonfinite
     guess = block_points(iterate, points.shape[0])

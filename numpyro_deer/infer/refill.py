@@ -129,11 +129,11 @@ def block_problem(
         potential_w = whiten(potential_flat, mass_sqrt)
         points = jax.vmap(lambda x: solve_sqrt(mass_sqrt, x))(state.curvature_points)
         if pilot:
-            steps_w = block_steps(potential_flat, transition, solver.gate)(
+            step_w = block_steps(potential_flat, transition, solver.gate)(
                 (mass_sqrt, None, adapt.step_size)
-            )
+            )[0]
             points, iterate, use, first_iteration = pilot_points(
-                potential_w, points, w0, tape, key_probe, steps_w, solver
+                potential_w, points, w0, tape, key_probe, step_w, solver
             )
         basis = curvature_basis(potential_w, points)
         tape, u0 = transition.rotate_tape(tape, basis), basis.T @ w0
@@ -178,6 +178,7 @@ def refill_block(
     on_failure: str,
     transition: Transition,
     mesh: TimeMesh | None = None,
+    pilot: bool = True,
 ) -> DEERState:
     """Solve the next block from ``state.z`` with a fresh tape; ``index = 0``.
 
@@ -191,11 +192,14 @@ def refill_block(
     rotation (of the state, gradient and tape noise alike), so both methods
     compute the same chain, up to the rounding of the rotation. With a
     ``mesh`` the DEER solve is split over its devices
-    (:mod:`~numpyro_deer.infer.mesh`).
+    (:mod:`~numpyro_deer.infer.mesh`). ``pilot``: whether the program
+    includes the pilot of a block whose curvature points coincide
+    (:func:`~.block.pilot_points`; never with a mesh).
     """
     problem = block_problem(
-        state, potential_flat, ravel, solver, method, transition, mesh is None
-    )
+        state, potential_flat, ravel, solver, method, transition,
+        pilot and mesh is None,
+    )  # fmt: skip
     steps = block_steps(potential_flat, transition, solver.gate)
     u0, tape_u = problem.u0, problem.tape
     if method == "sequential":
@@ -241,6 +245,7 @@ def refill_blocks(
     on_failure: str,
     transition: Transition,
     capacity: int | None = None,
+    pilot: bool = True,
 ) -> DEERState:
     """:func:`refill_block` by DEER for every chain (leading axis), the chains'
     solves side by side (:func:`~numpyro_deer.core.batched.batched_deer_solve`):
@@ -249,7 +254,9 @@ def refill_blocks(
     Each chain's block is the one :func:`refill_block` gives it."""
 
     def problem(state):
-        return block_problem(state, potential_flat, ravel, solver, "deer", transition)
+        return block_problem(
+            state, potential_flat, ravel, solver, "deer", transition, pilot
+        )
 
     problems = jax.vmap(problem)(states)
     u, step_info, info = batched_deer_solve(
@@ -338,6 +345,7 @@ def refill_chains(
     batched: bool,
     stragglers: bool,
     map_chains: Callable,
+    pilot: bool = True,
 ) -> tuple[Array, DEERState]:
     """``(fresh, state)``: the chain's (or every chain's, ``batched``) next
     block by ``method`` where its buffer is used up or its key was replaced,
@@ -347,6 +355,9 @@ def refill_chains(
     Batched DEER blocks with ``stragglers`` (no mesh) are solved side by side
     by :func:`refill_blocks`, in groups of ``settings.chain_group`` chains if
     set; otherwise each chain by :func:`refill_block` through ``map_chains``.
+    ``pilot``: whether the program includes the pilot of a block whose
+    curvature points coincide (a run without warmup; see
+    :func:`~.block.pilot_points`).
     """
     s = settings
     ravel = lambda z: ravel_pytree(z)[0]  # noqa: E731
@@ -354,7 +365,7 @@ def refill_chains(
     def refill(one):
         return refill_block(
             one, potential_flat, ravel, s.solver, method, s.on_failure,
-            s.transition, s.mesh,
+            s.transition, s.mesh, pilot,
         )  # fmt: skip
 
     if not batched:
@@ -371,6 +382,7 @@ def refill_chains(
             solver=s.solver,
             on_failure=s.on_failure,
             transition=s.transition,
+            pilot=pilot,
         )
         if s.chain_group is None:
             return solve(chains)
