@@ -30,13 +30,7 @@ from jax.flatten_util import ravel_pytree
 from ..core.batched import batched_deer_solve
 from ..core.hessian import curvature_basis
 from ..core.metric import mass_matrix_sqrt, mul_sqrt, solve_sqrt, whiten
-from ..core.newton import (
-    RESULTS,
-    DEERSolver,
-    NewtonInfo,
-    deer_solve,
-    no_solve_info,
-)
+from ..core.newton import RESULTS, DEERSolver, NewtonInfo, deer_solve, no_solve_info
 from ..core.transition import (
     Transition,
     finish_chain,
