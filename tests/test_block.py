@@ -5,6 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from numpyro_deer import DEERMALA, MCMC, DEERSolver
 from numpyro_deer.core import MALA, curvature_basis, make_tape, sequential_chain
 from numpyro_deer.core.hessian import ALL_COLUMNS_DIM, COLUMN_BATCH, mean_hessian
 from numpyro_deer.infer.block import block_points, record_warmup_draw
@@ -95,3 +96,50 @@ def test_block_points_are_evenly_spaced_and_end_at_the_last(block_size):
     assert np.all(np.diff(points) >= 0)
     if block_size >= 16:
         np.testing.assert_array_equal(np.diff(points), block_size // 16)
+
+
+def test_first_block_without_warmup_takes_its_basis_from_a_pilot():
+    # A logistic regression (D = 8) started 3 prior scales out, no warmup: the
+    # curvature points are all the initial point, whose Hessian (saturated
+    # logits) misleads the basis. The first block's basis now comes from a
+    # pilot iterate: 17 Newton iterations where the initial point's Hessian
+    # took 36. The draws are the sequential chain's either way; the second
+    # block's points are the first block's draws (13 iterations, no pilot).
+    rng = np.random.default_rng(0)
+    X = jnp.asarray(rng.standard_normal((300, 8)))
+    w = rng.standard_normal(8)
+    y = jnp.asarray(rng.uniform(size=300) < 1 / (1 + np.exp(-np.asarray(X) @ w)))
+
+    def potential(w):
+        logits = X @ w
+        return 0.5 * w @ w - jnp.sum(y * logits - jax.nn.softplus(logits))
+
+    x0 = 3.0 * jnp.asarray(rng.standard_normal(8))
+    runs = {}
+    for method in ("sequential", "deer"):
+        kernel = DEERMALA(
+            potential_fn=potential,
+            step_size=0.003,
+            adapt_step_size=False,
+            adapt_mass_matrix=False,
+            block_size=256,
+            method=method,
+            solver=DEERSolver(atol=1e-12, rtol=1e-10),
+        )
+        mcmc = MCMC(kernel, num_warmup=0, num_samples=512, progress_bar=False)
+        mcmc.run(
+            jax.random.PRNGKey(0),
+            init_params=x0,
+            extra_fields=("newton_iterations", "deer_converged"),
+        )
+        extra = mcmc.get_extra_fields()
+        runs[method] = (
+            np.asarray(mcmc.get_samples()),
+            np.asarray(extra["newton_iterations"])[::256],
+            np.asarray(extra["deer_converged"]),
+        )
+    draws, iterations, converged = runs["deer"]
+    np.testing.assert_allclose(draws, runs["sequential"][0], atol=1e-8)
+    assert np.all(converged)
+    assert iterations[0] <= 24, iterations
+    assert iterations[1] <= 16, iterations

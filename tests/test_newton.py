@@ -40,6 +40,7 @@ from numpyro_deer.core import (
     scan_sequential,
     sequential_chain,
 )
+from numpyro_deer.core.newton import newton_pilot
 
 B = 256
 ATOL, RTOL = 1e-12, 1e-10
@@ -449,6 +450,37 @@ def test_initial_guess_changes_iterations_not_the_chain(targets):
             assert int(info.iterations) == expected_iterations
         else:
             assert int(info.iterations) > 1
+
+
+def test_solve_from_a_pilot_goes_on_as_the_solve(targets):
+    # a pilot's iterations, then deer_solve from its iterate and count, are
+    # the plain solve's: the probe keys and the sweep's hold-back go on from
+    # the count, so the iterates, the chain and the iteration count are the
+    # same; a pilot of 0 iterations takes none
+    target = targets["logreg"]
+    solver = _solver(
+        StochasticDiagonalJacobian(num_probes=2), sweep=SWEEP, sweep_after=4
+    )
+    step_fn = target.step_fn()
+
+    @_jit
+    def solves(x0, tape, key):
+        plain = deer_solve(step_fn, x0, tape, key, solver)
+        pilot = newton_pilot(step_fn, x0, tape, key, solver, jnp.asarray(3))
+        go_on = deer_solve(
+            step_fn, x0, tape, key, solver, pilot.states[1:], None, pilot.iteration
+        )
+        none = newton_pilot(step_fn, x0, tape, key, solver, jnp.asarray(0))
+        return plain, go_on, pilot.iteration, none.iteration
+
+    plain, go_on, pilot_its, none_its = solves(
+        jnp.asarray(target.x0), target.tape, jax.random.PRNGKey(5)
+    )
+    assert (int(pilot_its), int(none_its)) == (3, 0)
+    assert bool(go_on[2].converged)
+    assert int(go_on[2].iterations) == int(plain[2].iterations) > 3
+    assert_allclose(go_on[0], plain[0], rtol=0.0, atol=1e-14)
+    assert_allclose(go_on[0], target.seq_states, **MATCH)
 
 
 # ------------------------------------------------------------------ restarts

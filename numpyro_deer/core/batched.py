@@ -109,6 +109,8 @@ def batched_deer_solve(
     solver: DEERSolver = DEERSolver(),
     capacity: int | None = None,
     patience: float = PATIENCE,
+    init_states: Array | None = None,
+    first_iteration: Array | None = None,
 ) -> tuple[Array, Any, NewtonInfo]:
     """:func:`~numpyro_deer.core.deer_solve` of ``C`` chains, stragglers apart.
 
@@ -123,6 +125,10 @@ def batched_deer_solve(
         solver: the solver settings, shared by the chains.
         capacity: chains in the straggler batch; default ``max(1, C // 8)``.
         patience: see :data:`PATIENCE`.
+        init_states, first_iteration: the chains' initial guesses
+            ``(C, T, D)`` and iterations already taken ``(C,)``, as
+            :func:`~numpyro_deer.core.deer_solve` takes them; default ``x0``
+            repeated and 0.
 
     Returns:
         ``(states, aux, info)`` as :func:`~numpyro_deer.core.deer_solve`
@@ -140,15 +146,18 @@ def batched_deer_solve(
             f"[1, {num_chains}] (the number of chains)."
         )
 
-    def start(p, x, t):
-        carry = _initial_carry(make_steps(p)[0], x, t, None)
+    if first_iteration is None:
+        first_iteration = jnp.zeros((num_chains,), jnp.int32)
+
+    def start(p, x, t, init, first):
+        carry = _initial_carry(make_steps(p)[0], x, t, init, first)
         return start_solves(carry, num_steps, solver)
 
     def trips(p, t, k, c):
         return jax.vmap(lambda *a: _trip(make_steps, solver, *a))(p, t, k, c)
 
     num_steps = jax.tree.leaves(tape)[0].shape[1]
-    chains = jax.vmap(start)(params, x0, tape)
+    chains = jax.vmap(start)(params, x0, tape, init_states, first_iteration)
     zero = jnp.zeros((), jnp.int32)
 
     # phase 1: the whole batch, until few are left or `patience` times the

@@ -40,6 +40,7 @@ sharded solver); :func:`solve_loop` loops it under
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -67,6 +68,7 @@ __all__ = [
     "NewtonInfo",
     "deer_solve",
     "newton_iterates",
+    "newton_pilot",
     "no_solve_info",
     "solve_loop",
 ]
@@ -168,7 +170,11 @@ class DEERSolver:
 
 
 def _initial_carry(
-    step_fn: StepFn, x0: Array, tape: Any, init_states: Array | None
+    step_fn: StepFn,
+    x0: Array,
+    tape: Any,
+    init_states: Array | None,
+    first_iteration: Array | int = 0,
 ) -> IterationCarry:
     num_steps = jax.tree.leaves(tape)[0].shape[0]
     if init_states is None:
@@ -181,7 +187,7 @@ def _initial_carry(
         states,
         aux,
         zero,
-        zero,
+        jnp.asarray(first_iteration, jnp.int32),
         jnp.zeros((), x0.dtype),
         jnp.zeros((), bool),
         jnp.zeros((num_steps,), bool),
@@ -324,6 +330,7 @@ def deer_solve(
     solver: DEERSolver = DEERSolver(),
     init_states: Array | None = None,
     sequential: SequentialStep | None = None,
+    first_iteration: Array | int = 0,
 ) -> tuple[Array, Any, NewtonInfo]:
     """Solve a block of ``T`` taped steps from ``x0`` in parallel.
 
@@ -342,6 +349,10 @@ def deer_solve(
         sequential: a faster form of the step for ``solver.sweep``'s
             sequential segments (:class:`SequentialStep`); default
             ``step_fn`` itself.
+        first_iteration: Newton iterations already taken on the block (by
+            :func:`newton_pilot`, whose iterate is then ``init_states``): the
+            count, the sweep's hold-back (``sweep_after``) and the probe keys
+            go on from it, and ``info.iterations`` includes it.
 
     Returns:
         ``(states, aux, info)``: ``s_1..s_T``; the step infos of the
@@ -349,7 +360,7 @@ def deer_solve(
         is exact when ``info.converged`` is false.
     """
     num_steps = jax.tree.leaves(tape)[0].shape[0]
-    carry = _initial_carry(step_fn, x0, tape, init_states)
+    carry = _initial_carry(step_fn, x0, tape, init_states, first_iteration)
 
     layout = whole_block(num_steps)
 
@@ -385,3 +396,37 @@ def newton_iterates(
 
     _, iterates = jax.lax.scan(body, carry, None, length=num_iterations)
     return iterates
+
+
+def newton_pilot(
+    step_fn: StepFn,
+    x0: Array,
+    tape: Any,
+    key: Array,
+    solver: DEERSolver,
+    num_iterations: Array | int,
+) -> IterationCarry:
+    """At most ``num_iterations`` Newton iterations of a block from ``x0``
+    repeated, fewer where the block passes or an iterate turns non-finite.
+
+    ``num_iterations`` may be traced (0: none, at the cost of a test), so a
+    vmapped batch runs as many iterations as its largest. The iterate
+    ``carry.states[1:]`` is a rough path of the block, e.g. for a guess of its
+    curvature before the solve; ``carry.iteration`` iterations were taken
+    (pass both on to :func:`deer_solve`: ``init_states`` and
+    ``first_iteration``). The pilot never sweeps (``solver.sweep`` is
+    ignored): its iterations are meant to be fewer than ``sweep_after``, and
+    without the sweep its loop is a smaller program to compile.
+    """
+    carry = _initial_carry(step_fn, x0, tape, None)
+    num_steps = carry.passed.shape[0]
+    layout = whole_block(num_steps)
+    plain = dataclasses.replace(solver, sweep=0)
+
+    def more(c):
+        return (c.iteration < num_iterations) & (c.front < num_steps) & ~c.nonfinite
+
+    def body(c):
+        return newton_iteration(step_fn, plain, tape, key, c, layout)
+
+    return jax.lax.while_loop(more, body, carry)

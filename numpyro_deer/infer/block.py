@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 from jax import Array
 
-from ..core.newton import NewtonInfo, no_solve_info
+from ..core.newton import DEERSolver, NewtonInfo, newton_pilot, no_solve_info
 
 
 class BlockBuffer(NamedTuple):
@@ -73,7 +73,9 @@ class DEERState(NamedTuple):
         block: the buffer of the current block (internal).
         curvature_points: ``(K, D)`` flat draws where the mean Hessian of the
             next block's solve basis is taken (``solve_basis="hessian"``):
-            spread over the later warmup, then over the previous block.
+            spread over the later warmup, then over the previous block
+            (without warmup draws, the initial point repeated: see
+            :func:`pilot_points`).
     """
 
     i: Array
@@ -176,3 +178,52 @@ def emit_draw(
         deer_converged=block.info.converged,
         block=block._replace(index=jnp.asarray(k + 1, jnp.int32)),
     )
+
+
+PILOT_ITERATIONS = 4
+"""Newton iterations in the whitened coordinates that a block whose curvature
+points all coincide (no warmup draws) takes before its solve basis is formed
+from its iterate (:func:`pilot_points`)."""
+
+
+def pilot_points(
+    potential_w: Callable[[Array], Array],
+    points: Array,
+    w0: Array,
+    tape: Any,
+    key: Array,
+    step_w: Callable,
+    solver: DEERSolver,
+) -> tuple[Array, Array, Array, Array]:
+    """``(points, iterate, use, iterations)``: a block's curvature points,
+    from a pilot solve where they all coincide.
+
+    Without warmup draws the ``K`` points are all the initial point, whose
+    Hessian can turn the solve basis the wrong way where the chain starts far
+    from the bulk (the curvature there is not the bulk's). Such a block first
+    takes :data:`PILOT_ITERATIONS` Newton iterations in the whitened
+    coordinates (:func:`~numpyro_deer.core.newton.newton_pilot`), whose
+    iterate, a rough path of the block, is the solve's initial guess and gives
+    ``K`` evenly spaced points (:func:`block_points`), each kept where its
+    potential is at most the start's and replaced by the start elsewhere (an
+    iterate far off the posterior, whose curvature would dominate the mean, is
+    not trusted). ``use`` says whether the pilot's iterate is used (the
+    points coincide and it is finite), ``iterations`` how many iterations were
+    taken. Other blocks take none and keep ``points``.
+
+    ``potential_w`` is the potential, and ``points``, ``w0`` (the block's
+    start) and ``tape`` are, in the whitened coordinates; ``step_w`` is the
+    step there.
+    """
+    coincide = jnp.all(points == points[0])
+    num = jnp.where(coincide, PILOT_ITERATIONS, 0)
+    carry = newton_pilot(step_w, w0, tape, key, solver, num)
+    iterate = carry.states[1:]
+    use = coincide & ~carry.nonfinite
+    guess = block_points(iterate, points.shape[0])
+    # beyond the front the iterate is a guess: a state less probable than the
+    # start (off the posterior's ridge) is not trusted, the start taken instead
+    likely = jax.vmap(potential_w)(guess) <= potential_w(w0)
+    guess = jnp.where(likely[:, None], guess, w0)
+    points = jnp.where(use, guess, points)
+    return points, iterate, use, carry.iteration

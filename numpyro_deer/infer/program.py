@@ -316,9 +316,11 @@ class BlockProgram:
         stragglers = not on_cpu() if stragglers is None else stragglers
         with _precision(), translate_tracer_errors():
             potential = self.potential_flat(args, kwargs)
+            # only a run without warmup starts with coinciding curvature points
             fresh, new = refill_chains(
-                state, potential, s, method, batched, stragglers, self._map_chains
-            )
+                state, potential, s, method, batched, stragglers,
+                self._map_chains, pilot=self.num_warmup == 0,
+            )  # fmt: skip
         if s.on_failure == "raise":
             result = jnp.where(fresh, new.block.info.result, 0)
             jax.lax.cond(

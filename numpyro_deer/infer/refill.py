@@ -38,7 +38,14 @@ from ..core.transition import (
     make_step_fn,
     sequential_chain,
 )
-from .block import BlockBuffer, DEERState, block_points, key_bits, needs_refill
+from .block import (
+    BlockBuffer,
+    DEERState,
+    block_points,
+    key_bits,
+    needs_refill,
+    pilot_points,
+)
 from .chains import map_groups
 from .hessian_mass import MAX_HESSIAN_DIM
 from .mesh import TimeMesh
@@ -67,6 +74,9 @@ class BlockProblem(NamedTuple):
         tape: the block's tape in those coordinates.
         params: ``(mass_sqrt, basis, step_size)``, what the step depends on
             (``basis`` ``None`` in the whitened coordinates).
+        init: the solve's initial guess ``(B, D)`` in those coordinates
+            (``None``: ``u0`` repeated).
+        first_iteration: Newton iterations already taken (the pilot's).
     """
 
     rng_key: Array
@@ -74,6 +84,8 @@ class BlockProblem(NamedTuple):
     u0: Array
     tape: Any
     params: tuple
+    init: Array | None
+    first_iteration: Array
 
 
 def block_problem(
@@ -83,13 +95,16 @@ def block_problem(
     solver: DEERSolver,
     method: str,
     transition: Transition,
+    pilot: bool = True,
 ) -> BlockProblem:
     """The next block's keys, tape and coordinates, from ``state``.
 
     The block is solved in the whitened coordinates ``w = L^{-1} x``; DEER
     rotates them to the mean Hessian's eigenbasis when ``solver.solve_basis``
     says so (``method="sequential"`` never does: a rotation leaves the chain
-    the same, up to rounding, and costs a Hessian per block).
+    the same, up to rounding, and costs a Hessian per block). With ``pilot``
+    a block whose curvature points coincide takes them from a pilot solve
+    (:func:`pilot_points`).
     """
     block_size = state.block.z.shape[0]
     rng_key, key_tape, key_probe = jax.random.split(state.rng_key, 3)
@@ -103,15 +118,31 @@ def block_problem(
         solve_basis = "whitened"
     elif solve_basis == "auto":
         solve_basis = "hessian" if w0.shape[0] <= MAX_HESSIAN_DIM else "whitened"
+    init, first_iteration = None, jnp.zeros((), jnp.int32)
     if solve_basis == "hessian":
         potential_w = whiten(potential_flat, mass_sqrt)
         points = jax.vmap(lambda x: solve_sqrt(mass_sqrt, x))(state.curvature_points)
+        if pilot:
+            step_w = block_steps(potential_flat, transition, solver.gate)(
+                (mass_sqrt, None, adapt.step_size)
+            )[0]
+            points, iterate, use, first_iteration = pilot_points(
+                potential_w, points, w0, tape, key_probe, step_w, solver
+            )
         basis = curvature_basis(potential_w, points)
         tape, u0 = transition.rotate_tape(tape, basis), basis.T @ w0
+        if pilot:
+            init = jnp.where(use, iterate @ basis, u0)
     else:
         basis, u0 = None, w0
     return BlockProblem(
-        rng_key, key_probe, u0, tape, (mass_sqrt, basis, adapt.step_size)
+        rng_key,
+        key_probe,
+        u0,
+        tape,
+        (mass_sqrt, basis, adapt.step_size),
+        init,
+        first_iteration,
     )
 
 
@@ -141,6 +172,7 @@ def refill_block(
     on_failure: str,
     transition: Transition,
     mesh: TimeMesh | None = None,
+    pilot: bool = True,
 ) -> DEERState:
     """Solve the next block from ``state.z`` with a fresh tape; ``index = 0``.
 
@@ -154,9 +186,14 @@ def refill_block(
     rotation (of the state, gradient and tape noise alike), so both methods
     compute the same chain, up to the rounding of the rotation. With a
     ``mesh`` the DEER solve is split over its devices
-    (:mod:`~numpyro_deer.infer.mesh`).
+    (:mod:`~numpyro_deer.infer.mesh`). ``pilot``: whether the program
+    includes the pilot of a block whose curvature points coincide
+    (:func:`~.block.pilot_points`; never with a mesh).
     """
-    problem = block_problem(state, potential_flat, ravel, solver, method, transition)
+    problem = block_problem(
+        state, potential_flat, ravel, solver, method, transition,
+        pilot and mesh is None,
+    )  # fmt: skip
     steps = block_steps(potential_flat, transition, solver.gate)
     u0, tape_u = problem.u0, problem.tape
     if method == "sequential":
@@ -167,8 +204,9 @@ def refill_block(
     elif mesh is None:
         step_fn, sequential = steps(problem.params)
         u, step_info, info = deer_solve(
-            step_fn, u0, tape_u, problem.key_probe, solver, None, sequential
-        )
+            step_fn, u0, tape_u, problem.key_probe, solver, problem.init,
+            sequential, problem.first_iteration,
+        )  # fmt: skip
     else:
         # the step is built from the chain's values inside the solve's
         # shard_map (see sharded_deer_solve's step_params)
@@ -201,6 +239,7 @@ def refill_blocks(
     on_failure: str,
     transition: Transition,
     capacity: int | None = None,
+    pilot: bool = True,
 ) -> DEERState:
     """:func:`refill_block` by DEER for every chain (leading axis), the chains'
     solves side by side (:func:`~numpyro_deer.core.batched.batched_deer_solve`):
@@ -209,7 +248,9 @@ def refill_blocks(
     Each chain's block is the one :func:`refill_block` gives it."""
 
     def problem(state):
-        return block_problem(state, potential_flat, ravel, solver, "deer", transition)
+        return block_problem(
+            state, potential_flat, ravel, solver, "deer", transition, pilot
+        )
 
     problems = jax.vmap(problem)(states)
     u, step_info, info = batched_deer_solve(
@@ -220,6 +261,12 @@ def refill_blocks(
         problems.key_probe,
         solver,
         capacity,
+        init_states=problems.init,
+        first_iteration=problems.first_iteration,
+    )
+    # the pilots ran side by side, as many iterations as the longest
+    info = info._replace(
+        batch_iterations=info.batch_iterations + jnp.max(problems.first_iteration)
     )
 
     def solved(*args):
@@ -292,6 +339,7 @@ def refill_chains(
     batched: bool,
     stragglers: bool,
     map_chains: Callable,
+    pilot: bool = True,
 ) -> tuple[Array, DEERState]:
     """``(fresh, state)``: the chain's (or every chain's, ``batched``) next
     block by ``method`` where its buffer is used up or its key was replaced,
@@ -301,6 +349,9 @@ def refill_chains(
     Batched DEER blocks with ``stragglers`` (no mesh) are solved side by side
     by :func:`refill_blocks`, in groups of ``settings.chain_group`` chains if
     set; otherwise each chain by :func:`refill_block` through ``map_chains``.
+    ``pilot``: whether the program includes the pilot of a block whose
+    curvature points coincide (a run without warmup; see
+    :func:`~.block.pilot_points`).
     """
     s = settings
     ravel = lambda z: ravel_pytree(z)[0]  # noqa: E731
@@ -308,7 +359,7 @@ def refill_chains(
     def refill(one):
         return refill_block(
             one, potential_flat, ravel, s.solver, method, s.on_failure,
-            s.transition, s.mesh,
+            s.transition, s.mesh, pilot,
         )  # fmt: skip
 
     if not batched:
@@ -325,6 +376,7 @@ def refill_chains(
             solver=s.solver,
             on_failure=s.on_failure,
             transition=s.transition,
+            pilot=pilot,
         )
         if s.chain_group is None:
             return solve(chains)
