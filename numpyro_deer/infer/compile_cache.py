@@ -18,7 +18,9 @@ afterwards can change what a cached function computes either.
 NumPyro's ``initialize_model`` builds the potential from the model function and
 the arguments it is called with (``dynamic_args=True``), so two kernels of the
 same model give the same potential for the same arguments; that is what lets
-one kernel's compiled function serve another's run.
+one kernel's compiled function serve another's run. Within a program the
+potential is a jitted function too (:func:`flat_potential`), so that the
+model is traced once per shape however often the program uses it.
 """
 
 from __future__ import annotations
@@ -89,6 +91,48 @@ def join_model_args(static, dynamic):
     dynamic = iter(dynamic)
     leaves = [next(dynamic) if s is _DYNAMIC else s[1] for s in static_leaves]
     return jax.tree.unflatten(treedef, leaves)
+
+
+def _potential_at(model: tuple, x, dynamic):
+    """:func:`flat_potential`'s potential, ``model`` its static part
+    ``(potential_fn, potential_fn_gen, unravel, static model args)``."""
+    potential_fn, potential_fn_gen, unravel, static = model
+    if potential_fn_gen is not None:
+        args, kwargs = join_model_args(static, dynamic)
+        potential_fn = potential_fn_gen(*args, **({} if kwargs is None else kwargs))
+    return potential_fn(unravel(x))
+
+
+_jitted_potential_at = jax.jit(_potential_at, static_argnums=0, inline=True)
+
+
+def flat_potential(
+    potential_fn: Callable | None,
+    potential_fn_gen: Callable | None,
+    unravel: Callable,
+    args,
+    kwargs,
+) -> Callable:
+    """The potential energy on one chain's flat values ``x``:
+    ``potential_fn(unravel(x))``, or NumPyro's ``potential_fn_gen(*args,
+    **kwargs)`` in its place.
+
+    A jitted function of ``x`` and the model's array arguments, its model
+    and other arguments static: a program that evaluates, grads, vmaps or
+    linearizes the potential many times traces the model once per shape
+    (JAX's trace cache) and transforms that jaxpr after; the jaxpr is
+    inlined into each program (``inline=True``), whose HLO is the same as
+    with the model traced at every use. Unhashable static arguments: the
+    model is traced at every use.
+    """
+    dynamic, static = split_model_args(args, kwargs)
+    source = potential_fn if potential_fn_gen is None else None
+    model = (source, potential_fn_gen, unravel, static)
+    try:
+        hash(model)
+    except TypeError:  # an unhashable argument or potential: traced each time
+        return lambda x: _potential_at(model, x, dynamic)
+    return lambda x: _jitted_potential_at(model, x, dynamic)
 
 
 def latent_signature(params, batched: bool = False) -> tuple:

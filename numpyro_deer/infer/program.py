@@ -48,19 +48,6 @@ float32 products are not computed in TF32 on GPUs, which would make the batched
 and the sequential evaluation of a step differ far beyond float32 rounding."""
 
 
-def _potential_at(model: tuple, x, dynamic):
-    """:meth:`BlockProgram.potential_flat`'s potential, ``model`` its static
-    part ``(potential_fn, potential_fn_gen, unravel, static model args)``."""
-    potential_fn, potential_fn_gen, unravel, static = model
-    if potential_fn_gen is not None:
-        args, kwargs = compile_cache.join_model_args(static, dynamic)
-        potential_fn = potential_fn_gen(*args, **({} if kwargs is None else kwargs))
-    return potential_fn(unravel(x))
-
-
-_jitted_potential_at = jax.jit(_potential_at, static_argnums=0, inline=True)
-
-
 @dataclasses.dataclass(frozen=True, eq=False)
 class BlockProgram:
     """A kernel's run after ``init``: its settings, the model's set-up and
@@ -144,24 +131,11 @@ class BlockProgram:
         return hessian_window_ends(self.num_warmup)
 
     def potential_flat(self, args, kwargs) -> Callable:
-        """The potential energy on one chain's flat unconstrained values.
-
-        A jitted function of the values and the model's array arguments, its
-        model and other arguments static: a program that evaluates, grads,
-        vmaps or linearizes the potential many times traces the model once
-        per shape (JAX's trace cache) and transforms that jaxpr after; the
-        jaxpr is inlined into each program (``inline=True``), whose HLO is
-        the same as with the model traced at every use. Unhashable static
-        arguments: the model is traced at every use.
-        """
-        dynamic, static = compile_cache.split_model_args(args, kwargs)
-        source = self.potential_fn if self.potential_fn_gen is None else None
-        model = (source, self.potential_fn_gen, self.unravel, static)
-        try:
-            hash(model)
-        except TypeError:  # an unhashable argument or potential: traced each time
-            return lambda x: _potential_at(model, x, dynamic)
-        return lambda x: _jitted_potential_at(model, x, dynamic)
+        """The potential energy on one chain's flat unconstrained values,
+        tracing the model once per shape (:func:`~.compile_cache.flat_potential`)."""
+        return compile_cache.flat_potential(
+            self.potential_fn, self.potential_fn_gen, self.unravel, args, kwargs
+        )
 
     def postprocess(self, args, kwargs) -> Callable:
         """NumPyro's postprocessing of one chain's latent values."""
