@@ -352,6 +352,31 @@ def _ratio(a, b) -> str:
     return f"{a / b:.2f}" if a is not None and b else "-"
 
 
+def sampler_plan(items: list[str]) -> dict[str, list[int] | None]:
+    """``--samplers`` items (``NAME`` or ``NAME:C1,C2``) as name -> chain
+    counts (``None``: ``--chains``'s). A name given twice runs every count
+    given (``deerhmc:64 deerhmc:1024`` is ``deerhmc:64,1024``).
+
+    Raises:
+        ValueError: a name that is not a race sampler.
+    """
+    import race_samplers
+
+    plan: dict[str, list[int] | None] = {}
+    for item in items:
+        name, _, counts = item.partition(":")
+        if name not in race_samplers.SAMPLERS:
+            raise ValueError(
+                f"--samplers: unknown {name!r}; one of {list(race_samplers.SAMPLERS)}"
+            )
+        if not counts:
+            plan.setdefault(name, None)
+            continue
+        given = [int(c) for c in counts.split(",")]
+        plan[name] = list(dict.fromkeys((plan.get(name) or []) + given))
+    return plan
+
+
 def summary(rows: list[dict], targets: list[str], samplers: list[str]) -> list[str]:
     """Per target and threshold: the fastest sampler and DEER against it."""
     lines = [
@@ -554,15 +579,10 @@ def main(argv=None):
     import race_samplers
 
     targets = ns.targets or gym_models.available_targets()
-    # "deer:1,16" runs deer with 1 and 16 chains whatever --chains says
-    plan = {}
-    for item in ns.samplers or list(race_samplers.SAMPLERS):
-        name, _, counts = item.partition(":")
-        if name not in race_samplers.SAMPLERS:
-            parser.error(
-                f"--samplers: unknown {name!r}; one of {list(race_samplers.SAMPLERS)}"
-            )
-        plan[name] = [int(c) for c in counts.split(",")] if counts else None
+    try:
+        plan = sampler_plan(ns.samplers or list(race_samplers.SAMPLERS))
+    except ValueError as error:
+        parser.error(str(error))
     samplers = list(plan)
     if not race_samplers.blackjax_available():
         skipped = [s for s in samplers if s in race_samplers.BLACKJAX_SAMPLERS]

@@ -179,3 +179,10 @@ def test_counts_table_lists_wall_time_gradients_and_critical_path():
         "| 2.50 | 4e+03 | 250 | 0.002 |"
     )
     assert lines[3] == "| t | nuts_diag | 1 | timeout |" + " - |" * 10
+
+
+def test_sampler_named_twice_runs_every_chain_count():
+    plan = race.sampler_plan(["deerhmc:64", "hmc_seq:1024", "deerhmc:1024,64", "deer"])
+    assert plan == {"deerhmc": [64, 1024], "hmc_seq": [1024], "deer": None}
+    with pytest.raises(ValueError, match="unknown 'nuts'"):
+        race.sampler_plan(["nuts:4"])
