@@ -18,9 +18,10 @@ their first checkpoint after warmup, so ``warmup_s`` is what they wait for.
 ``--one-call`` times instead what a user's first call waits for: one
 ``mcmc.run`` of the warmup and ``--blocks`` blocks (``run_s``; its programs
 compile side by side while the warmup runs), with ``--methods`` (``auto``,
-``deer``, ``sequential``) in a process each, and the compiles' timeline
-(``timeline``: each backend compile's program, start and end in seconds
-from the call's start) in the JSON.
+``deer``, ``sequential``) in a process each, and its timeline in the JSON
+(``timeline``: each XLA compile, and each tracing and lowering over 10 ms,
+with its program, start and end in seconds from the call's start; the
+tracing and lowering run one after the other in the calling thread).
 
     PYTHONPATH=. python3 benchmarks/first_run_phases.py --models eight_schools
     PYTHONPATH=. python3 benchmarks/first_run_phases.py --platform gpu \\
@@ -111,15 +112,21 @@ def _one_call(mcmc, spans, args, kwargs) -> dict:
         jax.block_until_ready(mcmc.get_samples())
         run_s = time.perf_counter() - tic
     timeline = [
-        {"fun": name[4:-1], "start": round(s - start, 3), "end": round(e - start, 3)}
+        {
+            "phase": phase,
+            "fun": name.removeprefix("jit(").removesuffix(")"),
+            "start": round(s - start, 3),
+            "end": round(e - start, 3),
+        }
         for phase, s, e, name in spans.spans[mark[0] :]
-        if phase == "backend"
+        if phase == "backend" or e - s > 0.01
     ]
-    largest = sorted(timeline, key=lambda c: c["start"] - c["end"])[:3]
+    compiles = [c for c in timeline if c["phase"] == "backend"]
+    largest = sorted(compiles, key=lambda c: c["start"] - c["end"])[:3]
     return {
         "run_s": run_s,
         "run_compile_s": spans.summary(mark)["compile_s"],
-        "compiles": len(timeline),
+        "compiles": len(compiles),
         "largest": ", ".join(
             f"{c['fun']} {c['start']:.2f}-{c['end']:.2f}" for c in largest
         ),
