@@ -123,9 +123,9 @@ def block_problem(
         potential_w = whiten(potential_flat, mass_sqrt)
         points = jax.vmap(lambda x: solve_sqrt(mass_sqrt, x))(state.curvature_points)
         if pilot:
-            step_w = block_steps(potential_flat, transition, solver.gate)(
-                (mass_sqrt, None, adapt.step_size)
-            )[0]
+            step_w = make_step_fn(
+                transition, potential_w, adapt.step_size, None, solver.gate
+            )
             points, iterate, use, first_iteration = pilot_points(
                 potential_w, points, w0, tape, key_probe, step_w, solver
             )
