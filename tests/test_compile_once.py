@@ -2,6 +2,7 @@
 the compiled warmup, block and init functions (counted through
 ``jax.monitoring``'s backend-compile events, by function name)."""
 
+import contextlib
 import threading
 from collections import Counter
 
@@ -187,6 +188,41 @@ def test_run_set_up_compiles_no_one_op_programs():
     assert "jit(init_one)" in {name for name, _ in events}
     ours = Counter(name for name, where in events if where.startswith("numpyro_deer"))
     assert set(ours) <= SETUP_PROGRAMS, ours
+
+
+def test_vectorized_chains_are_put_first_without_a_compile(monkeypatch):
+    # NumPyro swaps the (draws, chains) axes of a vectorized run with an eager
+    # jnp.swapaxes per collected field (a compile each, per shape); the driver
+    # transposes on the host instead: the same arrays, nothing compiled for it
+    def run(key):
+        mcmc = MCMC(
+            DEERMALA(_unshared_model, block_size=16),
+            num_warmup=19,
+            num_samples=41,  # shapes of this test's own
+            num_chains=2,
+            chain_method="vectorized",
+            progress_bar=False,
+        )
+        before = len(LOG.events)
+        mcmc.run(key, np.linspace(-1.0, 1.0, 10), extra_fields=("potential_energy",))
+        return mcmc, [name for name, _ in LOG.events[before:]]
+
+    mcmc, compiled = run(jax.random.PRNGKey(5))
+    assert not [name for name in compiled if "swapaxes" in name], compiled
+    grouped = mcmc.get_samples(group_by_chain=True)["mu"]
+    energy = mcmc.get_extra_fields(group_by_chain=True)["potential_energy"]
+    assert grouped.shape == (2, 41) and energy.shape == (2, 41)
+    assert isinstance(grouped, jax.Array)
+    np.testing.assert_array_equal(mcmc.get_samples()["mu"], grouped.reshape(-1))
+
+    # NumPyro's own swap gives the same arrays (and compiles it)
+    monkeypatch.setattr(MCMC, "_chains_first", lambda self: contextlib.nullcontext())
+    stock, compiled = run(jax.random.PRNGKey(5))
+    assert [name for name in compiled if "swapaxes" in name]
+    np.testing.assert_array_equal(stock.get_samples(group_by_chain=True)["mu"], grouped)
+    np.testing.assert_array_equal(
+        stock.get_extra_fields(group_by_chain=True)["potential_energy"], energy
+    )
 
 
 def _warmup_first_model(y, sigma):

@@ -30,11 +30,11 @@ Everything is computed on the host with :mod:`numpyro.diagnostics`
 To bound the cost (about half a microsecond per value on a CPU core), each
 chain is thinned evenly to at most :data:`MAX_DRAWS` draws, and to fewer
 (down to :data:`MIN_DRAWS`) where chains times scalar components times draws
-would exceed :data:`MAX_VALUES` (about 4 million: seconds): thinning keeps the
-mean and the variance, and an ESS below 400 after thinning is that of the
-whole chain to within the thinning's loss, which is small where the ESS is
-small. Components that are constant or
-not finite are left out. The message also gives the number of divergent
+would exceed :data:`MAX_VALUES` (about a million: a fraction of a second):
+thinning keeps the mean and the variance, and an ESS below 400 after
+thinning is that of the whole chain to within the thinning's loss, which is
+small where the ESS is small. Components that are constant or not finite are
+left out. The message also gives the number of divergent
 transitions (the ``diverging`` field, when collected). Silence the check with
 ``warnings.simplefilter("ignore", numpyro_deer.ConvergenceDiagnosticWarning)``.
 
@@ -66,7 +66,7 @@ SUPERCHAINS = 4
 # values (chains x draws x components) it looks at, at most about
 MAX_DRAWS = 4096
 MIN_DRAWS = 64
-MAX_VALUES = 2**22
+MAX_VALUES = 2**20
 # components per numpy batch (bounds the FFT's memory)
 _BATCH_VALUES = 2**21
 
@@ -107,8 +107,9 @@ def rank_normalize(x: np.ndarray) -> np.ndarray:
     among all ``S`` draws of its component (average ranks for ties).
     ``x`` is ``(chains, draws, components)``."""
     chains, draws = x.shape[:2]
-    flat = x.reshape(chains * draws, -1)
-    ranks = rankdata(flat, axis=0)
+    # each component's draws contiguous: the sort is 1.2-1.4 times faster
+    flat = np.ascontiguousarray(x.reshape(chains * draws, -1).T)
+    ranks = rankdata(flat, axis=1).T
     return ndtri((ranks - 0.375) / (chains * draws + 0.25)).reshape(x.shape)
 
 
@@ -237,16 +238,14 @@ def warn_if_unconverged(mcmc, stacklevel: int = 3) -> None:
     The latent sites are those of the last state's sample field (its keys,
     for a model); the constrained draws of those sites are checked.
     """
-    # the flat draws, copied to the host and split by chain there: NumPyro's
-    # group_by_chain adds the chain axis with one eager operation per site
-    samples = jax.device_get(mcmc.get_samples())
+    # the draws by chain as the run stored them, copied to the host (the flat
+    # draws would cost an eager reshape per site, a compile each)
+    samples = jax.device_get(mcmc.get_samples(group_by_chain=True))
     if not isinstance(samples, dict):
         samples = {"params": samples} if not isinstance(samples, list | tuple) else {}
     chains = mcmc.num_chains
     samples = {
-        k: np.reshape(v, (chains, -1) + np.shape(v)[1:])
-        for k, v in samples.items()
-        if np.ndim(v) >= 1 and np.shape(v)[0] % chains == 0
+        k: v for k, v in samples.items() if np.ndim(v) >= 2 and np.shape(v)[0] == chains
     }
     field = getattr(mcmc.sampler, "sample_field", "z")
     latent = getattr(mcmc.last_state, field, None)

@@ -26,6 +26,7 @@ compile them again.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import warnings
 from functools import partial
@@ -135,7 +136,7 @@ class MCMC(numpyro.infer.MCMC):
         # failed-block counts from the devices; warn once here
         self._chain_stats = []
         phase = compat.run_phase(self)  # "warmup" inside warmup()
-        with reraise_convergence_error():
+        with reraise_convergence_error(), self._chains_first():
             result = super().run(*args, **kwargs)
             # the counts arrive through host callbacks, which JAX runs
             # asynchronously: wait for every pending one before reading them
@@ -148,6 +149,14 @@ class MCMC(numpyro.infer.MCMC):
         if phase != "warmup":
             warn_if_unconverged(self)  # the draws' ESS and R-hat, once
         return result
+
+    def _chains_first(self):
+        """Vectorized chains of a block kernel: the draws' chain axis put
+        first on the host (no compile, see
+        :func:`~.numpyro_compat.chains_first_on_the_host`)."""
+        if not is_block_kernel(self.sampler):
+            return contextlib.nullcontext()
+        return compat.chains_first_on_the_host(self)
 
     def _record_chain_stats(self, blocks, failed, bits) -> None:
         self._chain_stats.append((int(blocks), int(failed), int(bits)))
