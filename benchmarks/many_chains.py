@@ -24,6 +24,10 @@ the gradient counts of ``benchmarks/race.py`` for the timed run
 counts assume every chain pays the slowest chain's iterations, the plain
 ``vmap``).
 
+``--sweeps`` runs each row with ``DEERSolver(sweep=k)`` for each ``k`` given
+(the default solver where left out); ``first_s`` is the first ``warmup`` and
+``run`` together, compilation included.
+
 ``--stragglers`` picks how vectorized chains are solved: ``auto`` as the
 kernel does (the unconverged chains set apart where the chains are
 ``vmap``-ped, i.e. not on the CPU), ``on`` that path on any backend (to try it
@@ -45,6 +49,7 @@ on the CPU at tiny sizes), ``off`` the plain ``vmap`` of every chain's solve
 from __future__ import annotations
 
 import argparse
+import itertools
 import sys
 import time
 import warnings
@@ -83,7 +88,9 @@ def set_stragglers(mode: str) -> None:
     BlockProgram.refill = refill
 
 
-def measure(model: str, kernel_name: str, chains: int, B: int, ns) -> dict:
+def measure(
+    model: str, kernel_name: str, chains: int, B: int, ns, sweep: int | None = None
+) -> dict:
     import _counts
     import common
     import jax
@@ -95,7 +102,8 @@ def measure(model: str, kernel_name: str, chains: int, B: int, ns) -> dict:
     bench = BENCHMARK_MODELS[model]
     args, kwargs = bench.make_data()
     cls = numpyro_deer.DEERMALA if kernel_name == "mala" else numpyro_deer.DEERHMC
-    kernel = cls(bench.model, block_size=B, method="deer")
+    solver = {} if sweep is None else {"solver": numpyro_deer.DEERSolver(sweep=sweep)}
+    kernel = cls(bench.model, block_size=B, method="deer", **solver)
     blocks = ns.blocks
     mcmc = numpyro_deer.MCMC(
         kernel, num_warmup=ns.warmup, num_samples=blocks * B, num_chains=chains,
@@ -110,9 +118,11 @@ def measure(model: str, kernel_name: str, chains: int, B: int, ns) -> dict:
     )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", numpyro_deer.DEERConvergenceWarning)
+        t0 = time.perf_counter()
         mcmc.warmup(jax.random.PRNGKey(ns.seed), *args, **kwargs)
         mcmc.run(mcmc.post_warmup_state.rng_key, *args, extra_fields=extra, **kwargs)
         jax.block_until_ready(mcmc.get_samples())
+        first_s = time.perf_counter() - t0
         mcmc.post_warmup_state = mcmc.last_state
         t0 = time.perf_counter()
         mcmc.run(mcmc.post_warmup_state.rng_key, *args, extra_fields=extra, **kwargs)
@@ -135,7 +145,9 @@ def measure(model: str, kernel_name: str, chains: int, B: int, ns) -> dict:
         "kernel": kernel_name,
         "chains": chains,
         "block_size": B,
+        "sweep": "default" if sweep is None else sweep,
         "blocks": blocks,
+        "first_s": first_s,
         "seconds": seconds,
         "draws_per_s": draws / seconds,
         "min_ess": ess["min_ess"],
@@ -166,6 +178,10 @@ def main(argv=None) -> list[dict]:
     parser.add_argument("--blocks", type=int, default=None, help="blocks per run")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
+        "--sweeps", nargs="+", type=int, default=None,
+        help="DEERSolver(sweep=k) for each k (default: the default solver)",
+    )  # fmt: skip
+    parser.add_argument(
         "--max-seconds",
         type=float,
         default=None,
@@ -191,29 +207,26 @@ def main(argv=None) -> list[dict]:
     out = Path(ns.json) if ns.json else common.default_json_path("many_chains")
     rows: list[dict] = []
     start = time.perf_counter()
-    for model in ns.models:
-        for kernel in ns.kernels:
-            for B in ns.block_sizes:
-                for chains in ns.chains:
-                    spent = time.perf_counter() - start
-                    base = {"model": model, "kernel": kernel, "chains": chains,
-                            "block_size": B}  # fmt: skip
-                    if ns.max_seconds is not None and spent > ns.max_seconds:
-                        rows.append({**base, "status": "skipped (time budget)"})
-                        continue
-                    try:
-                        row = {**measure(model, kernel, chains, B, ns), "status": "ok"}
-                    except Exception as err:  # reported, not hidden
-                        row = {**base, "status": f"failed: {type(err).__name__}: "
-                               f"{str(err)[:300]}"}  # fmt: skip
-                    rows.append(row)
-                    print(f"{model} {kernel} C={chains} B={B}: {row['status']}",
-                          flush=True)  # fmt: skip
-                    common.write_json(
-                        out,
-                        {"machine": common.machine_info(), "args": vars(ns),
-                         "rows": rows},
-                    )  # fmt: skip
+    grid = itertools.product(
+        ns.models, ns.kernels, ns.block_sizes, ns.chains, ns.sweeps or [None]
+    )
+    for model, kernel, B, chains, sweep in grid:
+        spent = time.perf_counter() - start
+        base = {"model": model, "kernel": kernel, "chains": chains, "block_size": B,
+                "sweep": "default" if sweep is None else sweep}  # fmt: skip
+        if ns.max_seconds is not None and spent > ns.max_seconds:
+            rows.append({**base, "status": "skipped (time budget)"})
+            continue
+        try:
+            row = {**measure(model, kernel, chains, B, ns, sweep), "status": "ok"}
+        except Exception as err:  # reported, not hidden
+            row = {**base, "status": f"failed: {type(err).__name__}: {str(err)[:300]}"}
+        rows.append(row)
+        print(f"{model} {kernel} C={chains} B={B} sweep={base['sweep']}: "
+              f"{row['status']}", flush=True)  # fmt: skip
+        common.write_json(
+            out, {"machine": common.machine_info(), "args": vars(ns), "rows": rows}
+        )
     print(common.describe_machine(common.machine_info()))
     print(
         common.format_table(
@@ -223,6 +236,8 @@ def main(argv=None) -> list[dict]:
                 ("kernel", "kernel"),
                 ("chains", "C"),
                 ("block_size", "B"),
+                ("sweep", "sweep"),
+                ("first_s", "first s", ".3g"),
                 ("draws_per_s", "draws/s", ".3g"),
                 ("min_ess", "min ESS", ".3g"),
                 ("ess_per_s", "ESS/s", ".3g"),
