@@ -338,9 +338,9 @@ class AutoJacobian:
     (a Gaussian), as many, each costing ``D`` forward-mode products instead
     of one and a ``D x D`` scan. At ``D = 2`` that costs about a fifth more
     per iteration on a GPU; beyond, the products grow with ``D``, and the
-    iterations they saved in the measurements (none on Gaussians, at most a
-    fifth on logistic regressions of ``D = 4`` and ``8``) do not pay for
-    them (the "Choosing options" page).
+    iterations they saved in the measurements (none on Gaussians, up to
+    about a fifth on logistic regressions of ``D = 4`` and ``8``) do not pay
+    for them (the "Choosing options" page).
 
     Attributes:
         max_full_dim: the largest ``D`` solved with the dense Jacobian
