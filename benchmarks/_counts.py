@@ -96,7 +96,7 @@ def jacobian_products(solver, dim: int) -> int:
     """JVPs per step and Newton iteration of the solver's Jacobian estimate:
     Hutchinson's probes (``num_probes``), or ``dim`` for the exact diagonal
     and the dense Jacobian."""
-    probes = getattr(solver.jacobian, "num_probes", None)
+    probes = getattr(solver.jacobian_for(dim), "num_probes", None)
     return int(probes) if probes is not None else int(dim)
 
 

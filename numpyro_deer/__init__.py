@@ -13,7 +13,12 @@ from importlib import import_module
 from typing import TYPE_CHECKING
 
 from .core.gates import HardGate, SigmoidGate
-from .core.jacobian import DiagonalJacobian, FullJacobian, StochasticDiagonalJacobian
+from .core.jacobian import (
+    AutoJacobian,
+    DiagonalJacobian,
+    FullJacobian,
+    StochasticDiagonalJacobian,
+)
 from .core.newton import DEERSolver
 
 __version__ = "0.1.0.dev0"
@@ -50,6 +55,7 @@ def _public(obj):
 
 
 for _obj in (
+    AutoJacobian,
     DEERSolver,
     DiagonalJacobian,
     FullJacobian,
@@ -73,6 +79,7 @@ def __dir__():
 
 
 __all__ = [
+    "AutoJacobian",
     "ConvergenceDiagnosticWarning",
     "DEERConvergenceError",
     "DEERConvergenceWarning",

@@ -222,6 +222,23 @@ CASES = {
         "--warmup",
         "20",
     ],
+    "jacobian_dim.py": [
+        "--cases",
+        "banana",
+        "gaussian",
+        "--dims",
+        "2",
+        "--kernels",
+        "mala",
+        "--T",
+        "32",
+        "--banana-T",
+        "64",
+        "--num-warmup",
+        "20",
+        "--keys",
+        "1",
+    ],
 }
 # scripts that write a folder of JSON files (``--out DIR``) instead of one file
 WRITES_FOLDER = {"make_references.py"}
@@ -256,6 +273,7 @@ BENCH_ONLY = {
     "hmc_tuning.py",
     "hmc_vs_mala.py",
     "iteration_cost.py",
+    "jacobian_dim.py",
     "many_chains.py",
     "method_auto.py",
     "paper.py",
@@ -305,6 +323,15 @@ def test_benchmark_runs_at_a_tiny_size(script, tmp_path):
         # banana and two MALA lengths, each with the default and the full Jacobian
         assert len(deer) == 6 and all(r["finite"] for r in rows)
         assert all(r["max_abs_diff"] < 0.05 for r in deer), deer
+    if script == "jacobian_dim.py":  # each strategy on the same tape
+        rows = result_json["rows"]
+        assert [(r["case"], r["jacobian"]) for r in rows] == [
+            (case, jacobian)
+            for case in ("banana", "gaussian")
+            for jacobian in ("stochastic", "full")
+        ]
+        assert all(r["finite"] and r["its"] >= 1 for r in rows)
+        assert all(r["max_diff"] < 0.05 for r in rows), rows
     if script == "dense_products.py":  # both ways of the products, each case
         rows = result_json["rows"]
         ways = [(r["case"], r["D"], r["products"]) for r in rows]

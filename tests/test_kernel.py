@@ -17,6 +17,7 @@ from numpyro.infer import MCMC as StockMCMC
 from benchmarks.models import gaussian_mean_model
 from numpyro_deer import (
     DEERMALA,
+    AutoJacobian,
     DEERSolver,
     DiagonalJacobian,
     FullJacobian,
@@ -165,7 +166,12 @@ def test_one_set_of_defaults():
     # the kernel's solver is DEERSolver(), whose strategy owns its settings
     kernel = DEERMALA(gaussian_mean_model, method="deer")
     assert kernel.solver == DEERSolver()
-    assert kernel.solver.jacobian == StochasticDiagonalJacobian(num_probes=1, clip=1.0)
+    # the strategy by the state's dimension: full up to D = 2, Hutchinson above
+    assert kernel.solver.jacobian == AutoJacobian(max_full_dim=2)
+    assert kernel.solver.jacobian_for(2) == FullJacobian(clip=1.0)
+    assert kernel.solver.jacobian_for(3) == StochasticDiagonalJacobian(
+        num_probes=1, clip=1.0
+    )
     assert kernel.solver.gate == HardGate()
     assert (kernel.solver.sweep, kernel.solver.sweep_after) == (8, 20)
     assert (kernel.solver.max_iter, kernel.solver.max_solves) == (100, 3)

@@ -27,6 +27,7 @@ from numpy.testing import assert_allclose, assert_array_equal
 from numpyro_deer.core import (
     MALA,
     RESULTS,
+    AutoJacobian,
     DEERSolver,
     DiagonalJacobian,
     FullJacobian,
@@ -689,6 +690,67 @@ def test_swept_solve_equals_sequential_even_at_zero_tolerance(targets):
     assert_array_equal(aux.accepted, target.seq_info.accepted)
 
 
+# ----------------------------------------------------------- the auto strategy
+def test_auto_jacobian_resolves_by_dimension():
+    solver = DEERSolver()
+    assert solver.jacobian == AutoJacobian(max_full_dim=2)
+    for dim in (1, 2):
+        assert type(solver.jacobian_for(dim)) is FullJacobian
+        assert solver.jacobian_for(dim) == FullJacobian(clip=1.0)
+    for dim in (3, 8, 25, 1000):
+        assert type(solver.jacobian_for(dim)) is StochasticDiagonalJacobian
+        assert solver.jacobian_for(dim) == StochasticDiagonalJacobian(num_probes=1)
+    assert DEERSolver(jacobian="auto").jacobian == AutoJacobian()
+    never_full = DEERSolver(jacobian=AutoJacobian(max_full_dim=0))
+    assert type(never_full.jacobian_for(1)) is StochasticDiagonalJacobian
+    wider = DEERSolver(jacobian=AutoJacobian(max_full_dim=8))
+    assert type(wider.jacobian_for(8)) is FullJacobian
+    assert type(wider.jacobian_for(9)) is StochasticDiagonalJacobian
+    # a named strategy or an object is used at every dimension as it is
+    for name, cls in (
+        ("full", FullJacobian),
+        ("diag", DiagonalJacobian),
+        ("stochastic", StochasticDiagonalJacobian),
+    ):
+        for dim in (2, 100):
+            assert type(DEERSolver(jacobian=name).jacobian_for(dim)) is cls
+    probes = StochasticDiagonalJacobian(num_probes=2)
+    assert DEERSolver(jacobian=probes).jacobian_for(2) is probes
+
+
+def _banana(x):
+    """D = 2: the second coordinate's mean bends with the first, so a step's
+    Jacobian is not diagonal in any fixed basis."""
+    return 0.5 * (x[0] / 2.0) ** 2 + 0.5 * (x[1] - 0.3 * (x[0] ** 2 - 4.0)) ** 2
+
+
+def test_auto_default_block_at_d2_is_the_chain_by_the_full_jacobian():
+    step_size = 0.1
+    x0 = jnp.array([1.5, -0.5])
+    tape = make_tape(jax.random.PRNGKey(25), B, 2, jnp.float64)
+    seq = _jit(functools.partial(sequential_chain, MALA()), static_argnums=0)
+    seq_states, seq_info = seq(_banana, x0, tape, step_size)
+    step_fn = make_step_fn(MALA(), _banana, step_size)
+    options = {"atol": ATOL, "rtol": RTOL, "max_iter": MAX_ITER, "sweep": 0}
+    default = DEERSolver(**options)  # the default strategy: auto
+    key = jax.random.PRNGKey(3)
+    states, aux, info = _jitted_solve(step_fn, default)(x0, tape, key)
+
+    assert states.dtype == jnp.float64
+    assert_allclose(states, seq_states, **MATCH)
+    assert_array_equal(aux.accepted, seq_info.accepted)
+    assert 0 < int(aux.accepted.sum()) < B
+    assert int(info.result) == RESULTS.successful
+    # at D = 2 the auto strategy is the full Jacobian: the same iterates
+    full = DEERSolver(jacobian=FullJacobian(), **options)
+    full_states, _, full_info = _jitted_solve(step_fn, full)(x0, tape, key)
+    assert_array_equal(states, full_states)
+    assert int(info.iterations) == int(full_info.iterations)
+    stochastic = DEERSolver(jacobian="stochastic", **options)
+    _, _, stochastic_info = _jitted_solve(step_fn, stochastic)(x0, tape, key)
+    assert int(stochastic_info.iterations) != int(info.iterations)
+
+
 # -------------------------------------------------------------------- validation
 @pytest.mark.parametrize(
     "build, name",
@@ -709,6 +771,8 @@ def test_swept_solve_equals_sequential_even_at_zero_tolerance(targets):
         (lambda: StochasticDiagonalJacobian(clip=0.0), "clip"),
         (lambda: DiagonalJacobian(clip=-1.0), "clip"),
         (lambda: FullJacobian(clip=0.0), "clip"),
+        (lambda: AutoJacobian(max_full_dim=-1), "max_full_dim"),
+        (lambda: AutoJacobian(max_full_dim=2.5), "max_full_dim"),
     ],
 )
 def test_invalid_settings_raise_naming_the_argument(build, name):

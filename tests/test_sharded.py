@@ -152,6 +152,36 @@ def test_hmc_transition_is_the_chain(problem, name):
     np.testing.assert_allclose(solved, states, rtol=0, atol=TOL)
 
 
+def test_auto_default_at_two_dimensions_is_the_chain_by_the_full_jacobian():
+    """The default strategy is resolved inside the sharded solve from the
+    state's dimension: at D = 2 the dense Jacobian and its scan across the
+    devices."""
+    precision = jnp.array([[2.0, 0.9], [0.9, 1.0]])
+
+    def potential(x):
+        return 0.5 * x @ precision @ x
+
+    tape = make_tape(jax.random.PRNGKey(4), NUM_STEPS, 2)
+    x0 = jnp.array([1.5, -1.0])
+    chain = jax.jit(partial(sequential_chain, MALA(), potential))
+    sequential, infos = chain(x0, tape, STEP_SIZE)
+    step_fn = make_step_fn(MALA(), potential, STEP_SIZE)
+    mesh = time_mesh(jax.devices()[:8])
+
+    def solve(solver):
+        fn = partial(sharded_deer_solve, step_fn, solver=solver, mesh=mesh)
+        return jax.jit(fn)(x0, tape, jax.random.PRNGKey(2))
+
+    options = {"atol": 1e-12, "rtol": 1e-12, "sweep": 0}
+    states, aux, info = solve(DEERSolver(**options))
+    assert bool(info.converged) and int(info.front) == NUM_STEPS
+    np.testing.assert_allclose(states, sequential, rtol=0, atol=TOL)
+    np.testing.assert_array_equal(aux.accepted, infos.accepted)
+    full_states, _, full_info = solve(DEERSolver(FullJacobian(), **options))
+    np.testing.assert_array_equal(states, full_states)
+    assert int(info.iterations) == int(full_info.iterations)
+
+
 def test_one_device_mesh_is_the_chain(problem, unsharded):
     """A one-device mesh takes the path without the cross-device scan."""
     (states, _, info), _ = _sharded(problem, _solver("stochastic"), 1)

@@ -20,6 +20,7 @@ from .gates import Gate, HardGate, SigmoidGate, gated_select
 from .hessian import curvature_basis, mean_hessian, mean_hessian_eigh
 from .hmc import HMC, HMCTape, hmc_proposal_step, leapfrog, make_hmc_tape
 from .jacobian import (
+    AutoJacobian,
     DiagonalJacobian,
     FullJacobian,
     JacobianStrategy,
@@ -58,6 +59,7 @@ __all__ = [
     "MALA",
     "MAX_DELTA_ENERGY",
     "RESULTS",
+    "AutoJacobian",
     "DEERSolver",
     "DiagonalJacobian",
     "FullJacobian",

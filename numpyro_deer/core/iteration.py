@@ -132,7 +132,8 @@ def newton_iteration(
 
     prev, cur = layout.rows(carry.states)
     local_steps = cur.shape[0]
-    lin = solver.jacobian.linearize(
+    strategy = solver.jacobian_for(prev.shape[-1])
+    lin = strategy.linearize(
         step_fn, prev, tape, layout.probe_key(key, carry.iteration)
     )
     index = layout.offset + jnp.arange(local_steps)  # step t - 1 of each row
@@ -151,7 +152,7 @@ def newton_iteration(
         layout.reduce_max(jnp.max(jnp.where(frozen, jnp.max(error, axis=-1), 0.0))),
     )
     aux = where_rows(frozen, lin.aux, carry.aux)
-    new_cur = solver.jacobian.newton_step(
+    new_cur = strategy.newton_step(
         lin, prev, cur, index < front, index <= front, layout.scan
     )
     bad = ~jnp.all(jnp.isfinite(new_cur))

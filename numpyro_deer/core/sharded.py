@@ -168,7 +168,11 @@ def _slice_layout(
         reduce_min=partial(jax.lax.pmin, axis_name=axis_name),
         reduce_max=partial(jax.lax.pmax, axis_name=axis_name),
         scan=partial(
-            _sharded_affine_scan, solver.jacobian, axis_name, device, num_devices
+            _sharded_affine_scan,
+            solver.jacobian_for(x0.shape[-1]),
+            axis_name,
+            device,
+            num_devices,
         ),
     )
 

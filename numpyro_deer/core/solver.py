@@ -12,7 +12,12 @@ from dataclasses import dataclass
 import jax.numpy as jnp
 
 from .gates import Gate, gate_from_name
-from .jacobian import JacobianStrategy, jacobian_from_name
+from .jacobian import (
+    AutoJacobian,
+    JacobianStrategy,
+    jacobian_from_name,
+    resolve_jacobian,
+)
 
 MAX_TOLERANCE = 1e-2
 """Largest ``atol`` or ``rtol`` a :class:`DEERSolver` accepts (whitened units)."""
@@ -28,11 +33,15 @@ class DEERSolver:
     """How the parallel Newton solve of one block runs; the defaults in one place.
 
     Attributes:
-        jacobian: the Jacobian strategy: ``"stochastic"`` (Hutchinson
-            diagonal, :class:`~numpyro_deer.StochasticDiagonalJacobian`),
-            ``"diag"`` (exact diagonal), ``"full"`` (dense) or a strategy
-            object, which owns its settings (``num_probes``, ``clip``,
-            ``precision``). Strings are the strategies with their defaults.
+        jacobian: the Jacobian strategy: ``"auto"`` (the default,
+            :class:`~numpyro_deer.AutoJacobian`): ``"full"`` for a state of
+            at most 2 dimensions, ``"stochastic"`` above, chosen where the
+            block is solved (:meth:`jacobian_for`); ``"stochastic"``
+            (Hutchinson diagonal,
+            :class:`~numpyro_deer.StochasticDiagonalJacobian`), ``"diag"``
+            (exact diagonal), ``"full"`` (dense) or a strategy object, which
+            owns its settings (``num_probes``, ``clip``, ``precision``,
+            ``max_full_dim``). Strings are the strategies with their defaults.
         gate: the derivative of the accept decision: ``"hard"`` (held
             constant), ``"sigmoid"`` or a gate object such as
             ``SigmoidGate(temperature=0.5)``. Never changes the chain.
@@ -66,7 +75,7 @@ class DEERSolver:
             it.
     """
 
-    jacobian: JacobianStrategy | str = "stochastic"
+    jacobian: JacobianStrategy | AutoJacobian | str = "auto"
     gate: Gate | str = "hard"
     solve_basis: str = "auto"
     atol: float | None = None
@@ -109,6 +118,12 @@ class DEERSolver:
                     "tolerance passes steps that are not the MALA step, so the "
                     "block would not be the chain."
                 )
+
+    def jacobian_for(self, dim: int) -> JacobianStrategy:
+        """The Jacobian strategy that solves states of ``dim`` dimensions:
+        ``jacobian`` itself, or the choice of an
+        :class:`~numpyro_deer.AutoJacobian`."""
+        return resolve_jacobian(self.jacobian, dim)
 
     def tolerances(self, dtype) -> tuple[float, float]:
         """``(atol, rtol)`` for the given dtype."""

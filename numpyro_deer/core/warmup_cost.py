@@ -121,8 +121,9 @@ def gradients_per_transition(transition) -> int | Array:
 
 def tangent_directions(solver: DEERSolver, dim: int) -> int:
     """Forward-mode products per step and iteration of the solver's Jacobian."""
-    if isinstance(solver.jacobian, StochasticDiagonalJacobian):
-        return solver.jacobian.num_probes
+    strategy = solver.jacobian_for(dim)
+    if isinstance(strategy, StochasticDiagonalJacobian):
+        return strategy.num_probes
     return dim
 
 
