@@ -22,17 +22,22 @@ compile side by side while the warmup runs), with ``--methods`` (``auto``,
 (``timeline``: each XLA compile, and each tracing and lowering over 10 ms,
 with its program, start and end in seconds from the call's start; the
 tracing and lowering run one after the other in the calling thread).
+``--sweeps K ...`` runs each row with ``DEERSolver(sweep=K)`` for each ``K``.
 
     PYTHONPATH=. python3 benchmarks/first_run_phases.py --models eight_schools
     PYTHONPATH=. python3 benchmarks/first_run_phases.py --platform gpu \\
         --chains 1 64 1024 --json $OUT/first_run_phases_gpu.json
     PYTHONPATH=. python3 benchmarks/first_run_phases.py --platform gpu --one-call \\
         --chains 1024 --methods sequential deer auto --block-size 512
+    # what the sweep costs the DEER block's compile, 1 and 1,024 chains:
+    PYTHONPATH=. python3 benchmarks/first_run_phases.py --platform gpu --one-call \
+        --chains 1 1024 --methods deer --sweeps 8 0 --block-size 512
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import subprocess
 import sys
@@ -55,6 +60,7 @@ def _child(
     platform: str | None,
     method: str = "auto",
     blocks: int = 0,
+    sweep: int | None = None,
 ) -> dict:
     if platform:
         import jax
@@ -70,8 +76,9 @@ def _child(
     spans.install()
     bench = BENCHMARK_MODELS[model]
     args, kwargs = bench.make_data()
+    solver = {} if sweep is None else {"solver": numpyro_deer.DEERSolver(sweep=sweep)}
     kernel = numpyro_deer.DEERHMC(
-        bench.model, num_steps=4, block_size=block_size, method=method
+        bench.model, num_steps=4, block_size=block_size, method=method, **solver
     )
     mcmc = numpyro_deer.MCMC(
         kernel, num_warmup=num_warmup, num_samples=block_size * max(blocks, 1),
@@ -79,6 +86,7 @@ def _child(
     )  # fmt: skip
     row = {"model": model, "chains": chains, "num_warmup": num_warmup}
     row["method"] = method
+    row["sweep"] = "default" if sweep is None else sweep
     if blocks:
         return {**row, **_one_call(mcmc, spans, args, kwargs)}
     with warnings.catch_warnings():
@@ -162,6 +170,10 @@ def main(argv=None) -> list[dict]:
     parser.add_argument("--one-call", action="store_true")
     parser.add_argument("--methods", nargs="+", default=["auto"])
     parser.add_argument("--blocks", type=int, default=1)
+    parser.add_argument(
+        "--sweeps", nargs="+", type=int, default=None,
+        help="a row per DEERSolver(sweep=K) (default: the default solver)",
+    )  # fmt: skip
     parser.add_argument("--json", default=None)
     parser.add_argument("--child", help=argparse.SUPPRESS)
     ns = parser.parse_args(argv)
@@ -170,23 +182,23 @@ def main(argv=None) -> list[dict]:
         print("ROW" + json.dumps(_child(**spec)))
         return []
     rows = []
-    for model in ns.models:
-        for chains in ns.chains:
-            for num_warmup in ns.num_warmup:
-                for method in ns.methods:
-                    spec = {"model": model, "chains": chains, "num_warmup": num_warmup}
-                    spec.update(block_size=ns.block_size, platform=ns.platform)
-                    spec.update(method=method, blocks=ns.blocks if ns.one_call else 0)
-                    row = _run_child(spec)
-                    if row is not None:
-                        rows.append(row)
+    grid = itertools.product(
+        ns.models, ns.chains, ns.num_warmup, ns.methods, ns.sweeps or [None]
+    )
+    for model, chains, num_warmup, method, sweep in grid:
+        spec = {"model": model, "chains": chains, "num_warmup": num_warmup}
+        spec.update(block_size=ns.block_size, platform=ns.platform, sweep=sweep)
+        spec.update(method=method, blocks=ns.blocks if ns.one_call else 0)
+        row = _run_child(spec)
+        if row is not None:
+            rows.append(row)
     path = ns.json or common.default_json_path("first_run_phases")
     common.write_json(path, {"machine": common.machine_info(), "rows": rows})
     print(common.describe_machine(common.machine_info()))
     head = [("model", "model"), ("chains", "chains"), ("num_warmup", "warmup steps")]
     if ns.one_call:
         columns = head + [
-            ("method", "method"), ("method_chosen", "chosen"),
+            ("method", "method"), ("sweep", "sweep"), ("method_chosen", "chosen"),
             ("run_s", "first mcmc.run s", ".3g"), ("run_compile_s", "compiling", ".3g"),
             ("compiles", "compiles"), ("largest", "largest compiles: from-to s"),
         ]  # fmt: skip
