@@ -9,6 +9,7 @@ from numpyro_deer import DEERMALA, MCMC, DEERSolver
 from numpyro_deer.core import MALA, curvature_basis, make_tape, sequential_chain
 from numpyro_deer.core.hessian import ALL_COLUMNS_DIM, COLUMN_BATCH, mean_hessian
 from numpyro_deer.infer.block import block_points, record_warmup_draw
+from numpyro_deer.infer.refill import auto_solve_basis
 
 
 def _gaussian_potential(precision):
@@ -96,6 +97,23 @@ def test_block_points_are_evenly_spaced_and_end_at_the_last(block_size):
     assert np.all(np.diff(points) >= 0)
     if block_size >= 16:
         np.testing.assert_array_equal(np.diff(points), block_size // 16)
+
+
+@pytest.mark.parametrize(
+    "jacobian, dim, basis",
+    [
+        ("auto", 2, "whitened"),  # the full Jacobian at D <= 2
+        ("full", 25, "whitened"),
+        ("auto", 3, "hessian"),
+        ("stochastic", 2, "hessian"),
+        ("diag", 512, "hessian"),
+        ("stochastic", 513, "whitened"),
+    ],
+)
+def test_auto_solve_basis_is_whitened_for_a_dense_jacobian(jacobian, dim, basis):
+    # Newton's iterates with the dense Jacobian do not depend on the basis:
+    # no Hessian (nor pilot) is computed for them
+    assert auto_solve_basis(DEERSolver(jacobian=jacobian), dim) == basis
 
 
 def test_first_block_without_warmup_takes_its_basis_from_a_pilot():

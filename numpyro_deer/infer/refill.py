@@ -117,7 +117,7 @@ def block_problem(
     if method == "sequential":
         solve_basis = "whitened"
     elif solve_basis == "auto":
-        solve_basis = "hessian" if w0.shape[0] <= MAX_HESSIAN_DIM else "whitened"
+        solve_basis = auto_solve_basis(solver, w0.shape[0])
     init, first_iteration = None, jnp.zeros((), jnp.int32)
     if solve_basis == "hessian":
         potential_w = whiten(potential_flat, mass_sqrt)
@@ -144,6 +144,16 @@ def block_problem(
         init,
         first_iteration,
     )
+
+
+def auto_solve_basis(solver: DEERSolver, dim: int) -> str:
+    """``solve_basis="auto"`` for states of ``dim`` dimensions: the Hessian's
+    eigenbasis up to :data:`~.hessian_mass.MAX_HESSIAN_DIM`, where a diagonal
+    Jacobian misses less there; the whitened coordinates for a dense Jacobian
+    (Newton's iterates do not depend on the basis, so the Hessian and the
+    pilot would be work and compile time spent for nothing) and above."""
+    dense = solver.jacobian_for(dim).structure == "dense"
+    return "hessian" if dim <= MAX_HESSIAN_DIM and not dense else "whitened"
 
 
 def block_steps(
