@@ -11,6 +11,9 @@
 #   bash benchmarks/run_gpu_race.sh deer    # the DEER rows on TARGETS
 #   bash benchmarks/run_gpu_race.sh many    # many_chains.py: chain counts,
 #                                           # stragglers, D=100 x 256 chains
+#   bash benchmarks/run_gpu_race.sh one_call # first_run_phases.py --one-call:
+#                                           # by method, and the sweep's compile
+#   bash benchmarks/run_gpu_race.sh jacobian  # jacobian_dim.py on the GPU
 #   bash benchmarks/run_gpu_race.sh numpyro020  # NUTS x256 with NumPyro 0.20
 #   bash benchmarks/run_gpu_race.sh phases  # first_run_phases.py, then the
 #                                           # Gym's two targets: NUTS on the
@@ -63,6 +66,18 @@ phases)
     targets="gym_eight_schools gym_brownian_motion_missing_middle"
     timeout 100 python3 benchmarks/race.py --platform cpu --quick --targets $targets --samplers nuts_diag:16 --budget-seconds 10 --grace-seconds 30 --out "$out/race_cpu_nuts"
     timeout 280 python3 benchmarks/race.py --platform gpu --quick --targets $targets --samplers ${SAMPLERS:-deerhmc:64 hmc_seq:1024 deerhmc_pw:64} --budget-seconds 10 --grace-seconds 30 --out "$out/race_gpu_phases"
+    ;;
+one_call)
+    # where one mcmc.run of warmup and blocks waits (each compile's span), by
+    # method; then the DEER block's compile with and without the sweep, by
+    # chain count
+    timeout 200 python3 benchmarks/first_run_phases.py --platform gpu --one-call --chains 1024 --methods sequential deer auto --num-warmup 500 --block-size 512 --blocks 2 --json "$out/first_run_one_call_gpu.json"
+    timeout 200 python3 benchmarks/first_run_phases.py --platform gpu --one-call --chains 1 1024 --methods deer --sweeps 8 0 --num-warmup 500 --block-size 512 --blocks 2 --json "$out/first_run_sweep_gpu.json"
+    ;;
+jacobian)
+    # the Jacobian strategies by dimension (whether jacobian="auto" should
+    # take the full Jacobian above D = 2 on a GPU)
+    timeout 500 python3 benchmarks/jacobian_dim.py --platform gpu --T 16384 --banana-T 100000 --json "$out/jacobian_dim_gpu.json"
     ;;
 numpyro020)
     # NumPyro issue 2225: vectorized NUTS on the GPU with the image's NumPyro
