@@ -99,7 +99,11 @@ def _vectorized_chains_first(run_chains):
 
 def _chains_first(x):
     """``x`` (draws, chains, ...) as (chains, draws, ...), on its device."""
-    on_one_device = isinstance(x, jax.Array) and len(x.devices()) == 1
+    on_one_device = (
+        isinstance(x, jax.Array)
+        and not isinstance(x, jax.core.Tracer)
+        and len(x.devices()) == 1
+    )
     if not on_one_device or jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
         return jax.numpy.swapaxes(x, 0, 1)
     swapped = np.ascontiguousarray(np.swapaxes(np.asarray(x), 0, 1))
