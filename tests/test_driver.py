@@ -116,6 +116,24 @@ def test_one_chain_flat_draws_are_the_collection(warm_driver, monkeypatch):
         np.testing.assert_array_equal(value, grouped_fields[name][0], err_msg=name)
 
 
+def test_block_loop_sends_its_counters_once(capfd):
+    """A compiled run's host-to-device transfers are the same few whatever
+    its number of blocks: the first collected iteration, the step size
+    search's flag and the block loop's six counters, each once (none per
+    block, none to lower the programs)."""
+    args, kwargs = gaussian_data(0.5)
+    key = jax.random.PRNGKey(3)
+    counts = []
+    for blocks in (1, 3):
+        mcmc = _driver(block_size=32, num_warmup=0, num_samples=32 * blocks)
+        mcmc.run(key, *args, **kwargs)
+        capfd.readouterr()
+        with jax.transfer_guard_host_to_device("log_explicit"):
+            mcmc.run(key, *args, **kwargs)
+        counts.append(capfd.readouterr().err.count("host-to-device transfer"))
+    assert counts == [8, 8]
+
+
 def test_continuation_equals_one_long_run(warm_driver):
     """Two runs that continue each other give the draws of one run of both lengths."""
     mcmc, args, kwargs = warm_driver
