@@ -277,3 +277,27 @@ def test_block_program_traces_the_model_at_most_once(method):
     mcmc.run(mcmc.post_warmup_state.rng_key, *args, **kwargs)
     assert len(MODEL_CALLS) <= 1, len(MODEL_CALLS)
     assert np.isfinite(np.asarray(mcmc.get_samples()["mu"])).all()
+
+
+def test_second_run_traces_no_postprocessing():
+    """The collected fields' shapes come from a jitted function kept with the
+    run's programs: a second ``MCMC`` object traces the postprocessing
+    (``postprocess_fn``) nowhere."""
+    calls = []
+
+    def postprocess_fn(z):
+        calls.append(None)
+        return z
+
+    args, kwargs = gaussian_data(3.0)
+    for _ in range(2):
+        calls.clear()
+        mcmc = MCMC(
+            DEERMALA(gaussian_mean_model, block_size=16),
+            num_warmup=0,
+            num_samples=16,
+            postprocess_fn=postprocess_fn,
+            progress_bar=False,
+        )
+        mcmc.run(jax.random.PRNGKey(0), *args, **kwargs)
+    assert calls == []

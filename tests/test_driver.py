@@ -89,6 +89,51 @@ def test_warmup_run_continue_without_recompiling(warm_driver):
     np.testing.assert_allclose(np.mean(np.r_[first, second]), 2.0, atol=0.2)
 
 
+def test_one_chain_flat_draws_are_the_collection(warm_driver, monkeypatch):
+    """One chain: the flat draws (``get_samples``) are the collection the block
+    loop wrote, equal to NumPyro's chain-grouped draws, without NumPyro's eager
+    reshape per collected field."""
+    mcmc, args, kwargs = warm_driver
+    mcmc.post_warmup_state = mcmc.post_warmup_state or mcmc.last_state
+    eager = []
+    reshape = jax.numpy.reshape
+
+    def counted(a, *rest, **options):
+        if not isinstance(a, jax.core.Tracer):
+            eager.append(np.shape(a))
+        return reshape(a, *rest, **options)
+
+    monkeypatch.setattr(jax.numpy, "reshape", counted)
+    mcmc.run(jax.random.PRNGKey(5), *args, **kwargs, extra_fields=("accept_prob",))
+    flat, fields = mcmc.get_samples(), mcmc.get_extra_fields()
+    assert eager == []
+    grouped = mcmc.get_samples(group_by_chain=True)
+    grouped_fields = mcmc.get_extra_fields(group_by_chain=True)
+    assert flat["mu"].shape == (128,)
+    np.testing.assert_array_equal(flat["mu"], grouped["mu"][0])
+    assert set(fields) == set(grouped_fields) and "accept_prob" in fields
+    for name, value in fields.items():
+        np.testing.assert_array_equal(value, grouped_fields[name][0], err_msg=name)
+
+
+def test_block_loop_sends_its_counters_once(capfd):
+    """A compiled run's host-to-device transfers are the same few whatever
+    its number of blocks: the first collected iteration, the step size
+    search's flag and the block loop's six counters, each once (none per
+    block, none to lower the programs)."""
+    args, kwargs = gaussian_data(0.5)
+    key = jax.random.PRNGKey(3)
+    counts = []
+    for blocks in (1, 3):
+        mcmc = _driver(block_size=32, num_warmup=0, num_samples=32 * blocks)
+        mcmc.run(key, *args, **kwargs)
+        capfd.readouterr()
+        with jax.transfer_guard_host_to_device("log_explicit"):
+            mcmc.run(key, *args, **kwargs)
+        counts.append(capfd.readouterr().err.count("host-to-device transfer"))
+    assert counts == [8, 8]
+
+
 def test_continuation_equals_one_long_run(warm_driver):
     """Two runs that continue each other give the draws of one run of both lengths."""
     mcmc, args, kwargs = warm_driver

@@ -125,22 +125,30 @@ class MCMC(numpyro.infer.MCMC):
             jit_model_args=jit_model_args,
         )
         self._chain_stats = []
+        self._flat_collection = None
 
     def __getstate__(self):
         state = super().__getstate__()
         state["_chain_stats"] = []
+        state["_flat_collection"] = None
         return state
 
     def run(self, *args, **kwargs):
         # chains run inside pmap (chain_method="parallel") report their
         # failed-block counts from the devices; warn once here
         self._chain_stats = []
+        self._flat_collection = None
         phase = compat.run_phase(self)  # "warmup" inside warmup()
         with reraise_convergence_error(), self._chains_first():
             result = super().run(*args, **kwargs)
             # the counts arrive through host callbacks, which JAX runs
             # asynchronously: wait for every pending one before reading them
             jax.effects_barrier()
+        if self._flat_collection is not None:
+            # one chain: NumPyro's flat draws are the collection the block
+            # loop returned (it would undo its own chain axis, one eager
+            # reshape per field, at the first get_samples)
+            self._states_flat, self._flat_collection = self._flat_collection, None
         stats, self._chain_stats = self._chain_stats, []
         if stats:
             blocks, failed, bits = zip(*stats, strict=True)
@@ -247,7 +255,10 @@ class MCMC(numpyro.infer.MCMC):
                 )
         if len(collect_fields) == 1:
             collection = (collection,)
-        return dict(zip(collect_fields, collection, strict=True)), state
+        collected = dict(zip(collect_fields, collection, strict=True))
+        if self.num_chains == 1 and not traced:
+            self._flat_collection = collected
+        return collected, state
 
     def _initial_state(self, rng_key, init_state, init_params, args, kwargs):
         """``(state, init_program)``: the run's initial state, and how to

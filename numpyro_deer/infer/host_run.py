@@ -152,9 +152,10 @@ def lower_programs(run: HostRun, state, collection, trace, methods, trial: bool)
     ``"init"`` (the initial state, if ``run.init``), ``"step_size"`` and
     ``"warmup"`` and ``"window_end"`` as the warmup plan needs them, then a
     block step per name in ``methods``: by that method if ``trial``
-    (``method="auto"`` measuring both), else by the kernel's.
+    (``method="auto"`` measuring both), else by the kernel's. The loop
+    counters are lowered from their shape (nothing is sent to the device).
     """
-    zero = i32(0)
+    zero = jax.ShapeDtypeStruct((), np.int32)
     plan, dynamic = run.plan, run.dynamic
     loop = run.fns(kernel_method(run.kernel))
     if run.init is not None:
@@ -165,20 +166,17 @@ def lower_programs(run: HostRun, state, collection, trace, methods, trial: bool)
     if plan.steps:
         yield (
             "warmup",
-            loop.warmup.lower(
-                state, collection, trace, zero, i32(1), run.start, dynamic
-            ),
+            loop.warmup.lower(state, collection, trace, zero, zero, run.start, dynamic),
         )
     if plan.stops:
         yield "window_end", loop.window_end.lower(state, dynamic)
     for name in methods:
         block_step = run.fns(name if trial else kernel_method(run.kernel)).block_step
         counters = (zero, zero, zero)
-        steps, total = i32(plan.steps), i32(run.total)
         yield (
             name,
             block_step.lower(
-                state, collection, zero, counters, steps, total, run.start, dynamic
+                state, collection, zero, counters, zero, zero, run.start, dynamic
             ),
         )
 
@@ -264,15 +262,16 @@ def run_blocks(
     state, collection = carry
     kernel, total, batched = run.kernel, run.total, run.batched
     chains = int(np.size(state.i))
-    done, stats = i32(0), (i32(0), i32(0), i32(0))
+    # the loop's counters, sent to the device at once, before the first block
+    done, *stats, n_offset, last = i32s(0, 0, 0, 0, run.plan.steps, total)
+    stats = tuple(stats)
     timings = {}
     size = loops.buffer_size(state, batched)
     limit = int(loops.max_block_steps(total, size))
     steps = 0
     while int(done) < total and steps < limit:
         name = next_method(trials, timings, programs, kernel)
-        args = (state, collection, done, stats, i32(run.plan.steps), i32(total))
-        args += (run.start, run.dynamic)
+        args = (state, collection, done, stats, n_offset, last, run.start, run.dynamic)
         try:
             programs.get(name, args)
         except ValueError as err:  # the memory check's
@@ -334,3 +333,8 @@ def i32(n) -> jax.Array:
     """``n`` as an int32 scalar on the device, compiling nothing (where
     ``jnp.asarray(n, jnp.int32)`` compiles a conversion the first time)."""
     return jax.device_put(np.int32(n))
+
+
+def i32s(*values) -> tuple[jax.Array, ...]:
+    """:func:`i32` of each value, sent to the device by one call."""
+    return tuple(jax.device_put(tuple(np.int32(n) for n in values)))

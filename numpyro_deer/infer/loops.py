@@ -95,7 +95,9 @@ class LoopFns(NamedTuple):
             into the collection, jitted.
         run_all: warmup (window ends inside its steps) and every block in one
             function, not jitted: it runs inside the chains' ``pmap``.
-        collected: ``(state, dynamic)``, the postprocessed fields of a state.
+        collected: ``(state, dynamic)``, the postprocessed fields of a state,
+            jitted (the driver takes its output's shapes with
+            :func:`jax.eval_shape`, which then traces it once per shape).
         checked: the set the driver records the block program's memory
             check in (once per compiled program).
     """
@@ -129,13 +131,17 @@ def loop_fns(program, method: str, settings: LoopSettings) -> LoopFns:
         ("blocks", program.key(method), settings),
         lambda: _block_fns(traced, method),
     )
+    collected = compile_cache.cached(
+        ("collected", program.key(None), settings),
+        lambda: jax.jit(traced.collected_dynamic),
+    )
     return LoopFns(
         warmup=warm[0],
         step_size=warm[1],
         window_end=warm[2],
         block_step=block[0],
         run_all=partial(_run_all, traced, method),
-        collected=traced.collected_dynamic,
+        collected=collected,
         checked=block[1],
     )
 
