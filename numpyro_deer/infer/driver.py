@@ -26,7 +26,6 @@ compile them again.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import warnings
 from functools import partial
@@ -139,7 +138,8 @@ class MCMC(numpyro.infer.MCMC):
         self._chain_stats = []
         self._flat_collection = None
         phase = compat.run_phase(self)  # "warmup" inside warmup()
-        with reraise_convergence_error(), self._chains_first():
+        block = is_block_kernel(self.sampler)
+        with reraise_convergence_error(), compat.chains_first_on_the_host(self, block):
             result = super().run(*args, **kwargs)
             # the counts arrive through host callbacks, which JAX runs
             # asynchronously: wait for every pending one before reading them
@@ -157,14 +157,6 @@ class MCMC(numpyro.infer.MCMC):
         if phase != "warmup":
             warn_if_unconverged(self)  # the draws' ESS and R-hat, once
         return result
-
-    def _chains_first(self):
-        """Vectorized chains of a block kernel: the draws' chain axis put
-        first on the host (no compile, see
-        :func:`~.numpyro_compat.chains_first_on_the_host`)."""
-        if not is_block_kernel(self.sampler):
-            return contextlib.nullcontext()
-        return compat.chains_first_on_the_host(self)
 
     def _record_chain_stats(self, blocks, failed, bits) -> None:
         self._chain_stats.append((int(blocks), int(failed), int(bits)))

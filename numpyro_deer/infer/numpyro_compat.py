@@ -68,18 +68,18 @@ def has_post_warmup_state(mcmc: _mcmc.MCMC) -> bool:
 
 
 @contextmanager
-def chains_first_on_the_host(mcmc: _mcmc.MCMC) -> Iterator[None]:
-    """Within it, ``mcmc.run`` of vectorized chains puts the chain axis of the
-    collected draws first by a transpose on the host, not by NumPyro's
-    eager ``jnp.swapaxes`` of each field, an XLA compile per field and shape
-    the first time (0.15 to 0.35 s each on an H100, a quarter of that on a
-    CPU core). It passes NumPyro a callable ``chain_method`` (its documented
+def chains_first_on_the_host(mcmc: _mcmc.MCMC, block_kernel: bool) -> Iterator[None]:
+    """Within it, ``mcmc.run`` of vectorized chains of a block kernel
+    (``block_kernel``) puts the chain axis of the collected draws first by a
+    transpose on the host, not by NumPyro's eager ``jnp.swapaxes`` of each
+    field, an XLA compile per field and shape the first time (0.15 to 0.38 s
+    each on an H100, about 0.1 s on a CPU). It passes NumPyro a callable ``chain_method`` (its documented
     form, a transform like ``jax.vmap``) that runs the batched run function
     as ``"vectorized"`` does and returns the draws chains first; the draws
     come back to the device they were on. Elsewhere (one chain, other chain
     methods, arrays over several devices) it changes nothing.
     """
-    if mcmc.chain_method != "vectorized" or mcmc.num_chains < 2:
+    if not block_kernel or mcmc.chain_method != "vectorized" or mcmc.num_chains < 2:
         yield
         return
     mcmc.chain_method = _vectorized_chains_first
