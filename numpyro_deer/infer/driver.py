@@ -148,7 +148,8 @@ class MCMC(numpyro.infer.MCMC):
             # one chain: NumPyro's flat draws are the collection the block
             # loop returned (it would undo its own chain axis, one eager
             # reshape per field, at the first get_samples)
-            self._states_flat, self._flat_collection = self._flat_collection, None
+            compat.set_flat_states(self, self._flat_collection)
+            self._flat_collection = None
         stats, self._chain_stats = self._chain_stats, []
         if stats:
             blocks, failed, bits = zip(*stats, strict=True)

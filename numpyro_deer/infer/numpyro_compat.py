@@ -29,7 +29,7 @@ def check_mcmc_internals(mcmc: _mcmc.MCMC) -> None:
     """Raise ``RuntimeError`` if the internals the driver uses are missing."""
     missing = [
         name
-        for name in ("_collection_params", "_warmup_state")
+        for name in ("_collection_params", "_warmup_state", "_states_flat")
         if not hasattr(mcmc, name)
     ]
     if not hasattr(_mcmc, "_collect_and_postprocess"):
@@ -63,6 +63,13 @@ def collect_transform(postprocess, collect_fields, remove_sites):
     return _mcmc._collect_and_postprocess(postprocess, collect_fields, remove_sites)
 
 
+def set_flat_states(mcmc: _mcmc.MCMC, states: dict) -> None:
+    """``states`` as the run's flat collected fields (what
+    ``get_samples()`` returns), where NumPyro would otherwise take them from
+    its chain-grouped copy by an eager reshape per field."""
+    mcmc._states_flat = states
+
+
 def has_post_warmup_state(mcmc: _mcmc.MCMC) -> bool:
     return mcmc._warmup_state is not None
 
@@ -73,11 +80,12 @@ def chains_first_on_the_host(mcmc: _mcmc.MCMC, block_kernel: bool) -> Iterator[N
     (``block_kernel``) puts the chain axis of the collected draws first by a
     transpose on the host, not by NumPyro's eager ``jnp.swapaxes`` of each
     field, an XLA compile per field and shape the first time (0.15 to 0.38 s
-    each on an H100, about 0.1 s on a CPU). It passes NumPyro a callable ``chain_method`` (its documented
-    form, a transform like ``jax.vmap``) that runs the batched run function
-    as ``"vectorized"`` does and returns the draws chains first; the draws
-    come back to the device they were on. Elsewhere (one chain, other chain
-    methods, arrays over several devices) it changes nothing.
+    each on an H100, about 0.1 s on a CPU). It passes NumPyro a callable
+    ``chain_method`` (its documented form, a transform like ``jax.vmap``)
+    that runs the batched run function as ``"vectorized"`` does and returns
+    the draws chains first; the draws come back to the device they were on.
+    Elsewhere (one chain, other chain methods, arrays over several devices)
+    it changes nothing.
     """
     if not block_kernel or mcmc.chain_method != "vectorized" or mcmc.num_chains < 2:
         yield
