@@ -13,9 +13,11 @@ The clock starts before anything is traced, so compilation and warmup count.
 * ``mala_seq``: ``DEERMALA(method="sequential")``, the same MALA chain as DEER
   computed one step after the other, vectorized chains.
 * ``deer``: ``DEERMALA`` (DEER), its defaults, vectorized chains.
-* ``hmc_seq`` / ``deerhmc``: ``DEERHMC`` (``num_steps`` leapfrog steps,
-  ``settings["hmc_leapfrog"]``, 4 by default) computed sequentially / by DEER,
-  vectorized chains (up to 1,024 and more: ``--samplers deerhmc:16,256,1024``).
+* ``hmc_seq`` / ``deerhmc`` / ``deerhmc_auto``: ``DEERHMC`` (``num_steps``
+  leapfrog steps, ``settings["hmc_leapfrog"]``, 4 by default) computed
+  sequentially / by DEER / by its default ``method="auto"`` (what a user of
+  ``DEERHMC(model)`` gets: the sequential scan while DEER's program compiles,
+  then the faster of the two), vectorized chains (up to 1,024 and more: ``--samplers deerhmc:16,256,1024``).
   ``settings["deer_warmup"]`` (``--deer-warmup``) is forwarded to the DEER
   kernels as ``warmup=`` where their constructor takes it (a parallel warmup),
   an error where it does not.
@@ -508,6 +510,7 @@ SAMPLERS: dict[str, Callable] = {
     "deer": mala("deer"),
     "hmc_seq": hmc("sequential"),
     "deerhmc": hmc("deer"),
+    "deerhmc_auto": hmc("auto"),
     "deer_pw": parallel_warmup_row(False),
     "deerhmc_pw": parallel_warmup_row(True),
     "chees": chees,

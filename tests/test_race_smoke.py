@@ -110,6 +110,7 @@ def _available(sampler):
         ("deer", 1),
         ("hmc_seq", 2),
         ("deerhmc", 2),
+        ("deerhmc_auto", 2),
         ("deer_pw", 4),
         ("deerhmc_pw", 4),
         ("chees", 4),
