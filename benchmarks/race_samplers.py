@@ -17,7 +17,8 @@ The clock starts before anything is traced, so compilation and warmup count.
   leapfrog steps, ``settings["hmc_leapfrog"]``, 4 by default) computed
   sequentially / by DEER / by its default ``method="auto"`` (what a user of
   ``DEERHMC(model)`` gets: the sequential scan while DEER's program compiles,
-  then the faster of the two), vectorized chains (up to 1,024 and more: ``--samplers deerhmc:16,256,1024``).
+  then the faster of the two), vectorized chains (up to 1,024 and more:
+  ``--samplers deerhmc:16,256,1024``).
   ``settings["deer_warmup"]`` (``--deer-warmup``) is forwarded to the DEER
   kernels as ``warmup=`` where their constructor takes it (a parallel warmup),
   an error where it does not.

@@ -213,7 +213,16 @@ def test_vectorized_chains_are_put_first_without_a_compile(monkeypatch):
     energy = mcmc.get_extra_fields(group_by_chain=True)["potential_energy"]
     assert grouped.shape == (2, 41) and energy.shape == (2, 41)
     assert isinstance(grouped, jax.Array)
-    np.testing.assert_array_equal(mcmc.get_samples()["mu"], grouped.reshape(-1))
+    # the flat draws too are reshaped on the host, not by NumPyro's eager
+    # jnp.reshape per field
+    before = len(LOG.events)
+    flat = mcmc.get_samples()
+    assert not [name for name, _ in LOG.events[before:] if "reshape" in name]
+    assert isinstance(flat["mu"], jax.Array) and flat["x"].shape == (82, 10)
+    np.testing.assert_array_equal(flat["mu"], np.reshape(grouped, -1))
+    np.testing.assert_array_equal(
+        mcmc.get_extra_fields()["potential_energy"], np.reshape(energy, -1)
+    )
 
     # NumPyro's own swap gives the same arrays (and compiles it)
     monkeypatch.setattr(
@@ -221,8 +230,12 @@ def test_vectorized_chains_are_put_first_without_a_compile(monkeypatch):
         "chains_first_on_the_host",
         lambda mcmc, block_kernel: contextlib.nullcontext(),
     )
+    monkeypatch.setattr(numpyro_compat, "flat_states_on_the_host", lambda mcmc: None)
     stock, compiled = run(jax.random.PRNGKey(5))
     assert [name for name in compiled if "swapaxes" in name]
+    before = len(LOG.events)
+    np.testing.assert_array_equal(stock.get_samples()["x"], flat["x"])
+    assert [name for name, _ in LOG.events[before:] if "reshape" in name]
     np.testing.assert_array_equal(stock.get_samples(group_by_chain=True)["mu"], grouped)
     np.testing.assert_array_equal(
         stock.get_extra_fields(group_by_chain=True)["potential_energy"], energy

@@ -259,7 +259,7 @@ def warn_if_unconverged(mcmc, stacklevel: int = 3) -> None:
     diagnostics = diagnose(samples)
     if diagnostics is None or diagnostics.converged:
         return
-    diverging = mcmc.get_extra_fields().get("diverging")
+    diverging = mcmc.get_extra_fields(group_by_chain=True).get("diverging")
     divergences = None if diverging is None else int(np.sum(np.asarray(diverging)))
     warnings.warn(
         convergence_message(diagnostics, divergences, type(mcmc.sampler).__name__),

@@ -145,9 +145,7 @@ class MCMC(numpyro.infer.MCMC):
             # asynchronously: wait for every pending one before reading them
             jax.effects_barrier()
         if self._flat_collection is not None:
-            # one chain: NumPyro's flat draws are the collection the block
-            # loop returned (it would undo its own chain axis, one eager
-            # reshape per field, at the first get_samples)
+            # one chain: the flat draws are the block loop's own collection
             compat.set_flat_states(self, self._flat_collection)
             self._flat_collection = None
         stats, self._chain_stats = self._chain_stats, []
@@ -158,6 +156,10 @@ class MCMC(numpyro.infer.MCMC):
         if phase != "warmup":
             warn_if_unconverged(self)  # the draws' ESS and R-hat, once
         return result
+
+    def _get_states_flat(self):  # reshaped on the host, no compile per field
+        compat.flat_states_on_the_host(self)
+        return super()._get_states_flat()
 
     def _record_chain_stats(self, blocks, failed, bits) -> None:
         self._chain_stats.append((int(blocks), int(failed), int(bits)))
