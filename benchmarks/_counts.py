@@ -134,7 +134,7 @@ def deer_blocks(
     if its.size == 0:
         return Counts()
     B = block_size
-    work = its * cost.step * (1 + products)
+    work = its * B * cost.step * (1 + products)
     depth = its * 2 * cost.step
     if sweep:
         segments = max(1, min(B // sweep, B))

@@ -30,6 +30,9 @@ gradient counts of ``benchmarks/race.py`` (``gradients``,
 ``critical_path_gradients``, ``scan_levels``), and ``max_abs_diff``: the
 largest ``|x_t - x_t^seq|`` over all draws and coordinates against the
 sequential row of the same setting (the same tape). Float32 unless ``--x64``.
+``--variants`` picks the DEER rows, ``--sweeps k ...`` runs each with
+``DEERSolver(sweep=k)`` (``--sweep-after n`` its hold-back): the sweep's
+sequential steps against the Newton iterations they save.
 
     PYTHONPATH=. python3 benchmarks/paper.py --size tiny
     PYTHONPATH=. python3 benchmarks/paper.py --platform gpu --size full \\
@@ -152,10 +155,17 @@ def _row(case, variant, make_kernel, chains, T, run_kwargs, reference):
     return row, draws
 
 
-def _case_rows(case, kernel, chains, T, run_kwargs, solver_options) -> list[dict]:
+VARIANTS = {"deer": "stochastic", "deer_full": "full"}
+"""The DEER rows: their Jacobian strategy."""
+
+
+def _case_rows(
+    case, kernel, chains, T, run_kwargs, solver_options, variants, sweeps
+) -> list[dict]:
     """The sequential row of ``case``, then DEER with Hutchinson's diagonal
-    (``deer``) and with the full Jacobian (``deer_full``) on the same tape;
-    ``kernel(method, solver)`` makes the kernel's factory."""
+    (``deer``) and with the full Jacobian (``deer_full``) on the same tape,
+    each with ``DEERSolver(sweep=k)`` for each ``k`` in ``sweeps`` (``None``:
+    the default); ``kernel(method, solver)`` makes the kernel's factory."""
     from numpyro_deer import DEERSolver
 
     seq, ref = _row(
@@ -163,17 +173,20 @@ def _case_rows(case, kernel, chains, T, run_kwargs, solver_options) -> list[dict
         run_kwargs, None,
     )  # fmt: skip
     rows = [seq]
-    for variant, solver in (
-        ("deer", DEERSolver(jacobian="stochastic", **solver_options)),
-        ("deer_full", DEERSolver(jacobian="full", **solver_options)),
-    ):
-        rows.append(
-            _row(case, variant, kernel("deer", solver), chains, T, run_kwargs, ref)[0]
-        )
+    for variant in variants:
+        for sweep in sweeps:
+            options = (
+                solver_options if sweep is None else {**solver_options, "sweep": sweep}
+            )
+            solver = DEERSolver(jacobian=VARIANTS[variant], **options)
+            row = _row(
+                case, variant, kernel("deer", solver), chains, T, run_kwargs, ref
+            )[0]
+            rows.append({**row, "sweep": "default" if sweep is None else sweep})
     return rows
 
 
-def banana_rows(T: int, solver_options: dict) -> list[dict]:
+def banana_rows(T: int, solver_options: dict, variants, sweeps) -> list[dict]:
     import jax
     import jax.numpy as jnp
 
@@ -189,10 +202,12 @@ def banana_rows(T: int, solver_options: dict) -> list[dict]:
             method=method, solver=solver,
         )  # fmt: skip
 
-    return _case_rows("banana", kernel, 1, T, run_kwargs, solver_options)
+    return _case_rows(
+        "banana", kernel, 1, T, run_kwargs, solver_options, variants, sweeps
+    )
 
 
-def mala_rows(T: int, solver_options: dict) -> list[dict]:
+def mala_rows(T: int, solver_options: dict, variants, sweeps) -> list[dict]:
     import numpyro_deer
 
     X, y = german_credit_shape()
@@ -204,7 +219,9 @@ def mala_rows(T: int, solver_options: dict) -> list[dict]:
             adapt_mass_matrix=False, block_size=T, method=method, solver=solver,
         )  # fmt: skip
 
-    return _case_rows("mala", kernel, 2, T, run_kwargs, solver_options)
+    return _case_rows(
+        "mala", kernel, 2, T, run_kwargs, solver_options, variants, sweeps
+    )
 
 
 def main(argv=None) -> list[dict]:
@@ -220,6 +237,17 @@ def main(argv=None) -> list[dict]:
     parser.add_argument(
         "--max-solves", type=int, default=None, help="DEERSolver(max_solves=...)"
     )
+    parser.add_argument(
+        "--variants", nargs="+", choices=tuple(VARIANTS), default=list(VARIANTS),
+        help="the DEER rows (the sequential row always runs: the reference)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--sweeps", nargs="+", type=int, default=None,
+        help="DEERSolver(sweep=k) for each k (default: the default solver's)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--sweep-after", type=int, default=None, help="DEERSolver(sweep_after=...)"
+    )
     parser.add_argument("--json", default=None, help="default results/paper_SIZE.json")
     ns = parser.parse_args(argv)
 
@@ -233,10 +261,15 @@ def main(argv=None) -> list[dict]:
 
     solver_options = {
         k: v
-        for k, v in (("max_iter", ns.max_iter), ("max_solves", ns.max_solves))
+        for k, v in (
+            ("max_iter", ns.max_iter),
+            ("max_solves", ns.max_solves),
+            ("sweep_after", ns.sweep_after),
+        )
         if v is not None
     }
     size = SIZES[ns.size]
+    sweeps = ns.sweeps or [None]
     out = Path(ns.json) if ns.json else common.default_json_path(f"paper_{ns.size}")
     rows: list[dict] = []
 
@@ -247,11 +280,11 @@ def main(argv=None) -> list[dict]:
         )
 
     if "banana" in ns.cases:
-        rows += banana_rows(size["banana"], solver_options)
+        rows += banana_rows(size["banana"], solver_options, ns.variants, sweeps)
         save()
     if "mala" in ns.cases:
         for T in size["mala"]:
-            rows += mala_rows(T, solver_options)
+            rows += mala_rows(T, solver_options, ns.variants, sweeps)
             save()
     print(common.describe_machine(common.machine_info()))
     print(
@@ -262,6 +295,7 @@ def main(argv=None) -> list[dict]:
                 ("variant", "variant"),
                 ("chains", "chains"),
                 ("T", "T"),
+                ("sweep", "sweep"),
                 ("first_s", "first s", ".3g"),
                 ("second_s", "second s", ".3g"),
                 ("compile_s", "compile s", ".3g"),

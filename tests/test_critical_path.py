@@ -75,9 +75,10 @@ def test_deer_block_counts_by_hand():
     assert counts.critical_path_gradients == max(depth[0, 0], depth[1, 0]) + max(
         depth[0, 1], depth[1, 1]
     )
-    # all: 2 * (1 + 1) per step-iteration, 2 segments (8 // 4) per iteration,
-    # 2 segments x 4 steps per sweeping iteration, the fallback
-    work = sum(4 * i + 2 * i + 2 * 4 * max(i - 3, 0) for i in its.ravel()) + 3
+    # all: 2 * (1 + 1) per step and iteration for the 8 steps of the block,
+    # 2 segments (8 // 4) per iteration, 2 segments x 4 steps per sweeping
+    # iteration, the fallback
+    work = sum(8 * 4 * i + 2 * i + 2 * 4 * max(i - 3, 0) for i in its.ravel()) + 3
     assert counts.gradients == work
     assert counts.scan_levels == 3 * (5 + 4)  # log2(8) levels, slowest chain
 
@@ -118,7 +119,10 @@ def test_deer_fixed_newton_iterations_from_the_extra_fields():
     # per block: 1 iteration x 2 x 2 on the path, plus 1 + 16 - front
     per_chain = 4 + np.where(fronts < 16, 1 + 16 - fronts, 0)
     assert counts.critical_path_gradients == per_chain.max(0).sum()
-    assert counts.gradients == (2 * 2 + np.where(fronts < 16, 17 - fronts, 0)).sum()
+    # all: the 16 steps' values and one probe's tangents, 2 gradients each
+    assert (
+        counts.gradients == (16 * 2 * 2 + np.where(fronts < 16, 17 - fronts, 0)).sum()
+    )
     assert counts.scan_levels == 4  # log2(16), one iteration
 
 
