@@ -14,6 +14,9 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from numpyro_deer.core.warmup_cost import solve_costs, tangent_directions
+from numpyro_deer.infer.refill import auto_solve_basis
+
 
 @dataclass(frozen=True)
 class Counts:
@@ -92,40 +95,32 @@ def transition_cost(kernel) -> TransitionCost:
     return TransitionCost(int(leapfrog) + 1, int(leapfrog))
 
 
-def jacobian_products(solver, dim: int) -> int:
-    """JVPs per step and Newton iteration of the solver's Jacobian estimate:
-    Hutchinson's probes (``num_probes``), or ``dim`` for the exact diagonal
-    and the dense Jacobian."""
-    probes = getattr(solver.jacobian_for(dim), "num_probes", None)
-    return int(probes) if probes is not None else int(dim)
-
-
 def deer_blocks(
     iterations,
     fronts,
     *,
     block_size: int,
     dim: int,
-    cost: TransitionCost,
-    products: int,
-    sweep: int = 0,
-    sweep_after: int = 0,
+    g: int,
+    solver,
     hessian_points: int = 0,
     lockstep: bool = True,
 ) -> Counts:
-    """Counts of DEER-solved blocks: ``iterations[c, b]`` Newton iterations and
-    front ``fronts[c, b]`` of block ``b`` of chain ``c``.
+    """Counts of DEER-solved blocks of ``block_size`` transitions of ``g``
+    gradients each (MALA 1, HMC ``L``): ``iterations[c, b]`` Newton
+    iterations and front ``fronts[c, b]`` of block ``b`` of chain ``c``, solved
+    by ``solver``.
 
-    Per step and Newton iteration: the step's value and ``products`` tangents
-    through its ``cost.step`` gradients (the tangents of several probes side
-    by side), ``cost.step * (1 + products)`` in all and ``2 * cost.step`` on
-    the critical path; ``ceil(log2 B)`` scan levels. With a sweep (``sweep >
-    0``) every iteration starts ``max(1, B // sweep)`` sequential segments (one
-    gradient each) and from iteration ``sweep_after`` on runs ``sweep`` carried
-    steps in them. A block whose front stops short of ``B`` is finished
-    sequentially: ``1 + (B - front) * cost.carried``. ``hessian_points`` ``K >
-    0``: the solve basis's mean Hessian, ``K (1 + dim)`` in all, 2 on the path.
-    Vectorized chains (``lockstep``) wait for the slowest chain of each block.
+    A block's count is :func:`numpyro_deer.core.warmup_cost.solve_costs`,
+    the one count of a DEER solve (the parallel warmup's windows report the
+    same): per Newton iteration every step's value and Jacobian tangents,
+    ``2 (g + 1)`` on the critical path, the sweep's segments and steps; a
+    block whose front stops short of ``B`` finished sequentially; ``ceil(log2
+    B)`` scan levels per iteration. ``hessian_points`` ``K > 0``: the solve
+    basis's mean Hessian, ``K (1 + dim)`` in all, 2 on the path. Vectorized
+    chains (``lockstep``) run each block's Newton loop until the slowest
+    chain's solve ends, then the longest fallback; chains on their own
+    cores (or one chain) each add up their own blocks.
     """
     its = np.asarray(iterations, np.float64)
     fronts = np.asarray(fronts, np.float64)
@@ -134,31 +129,28 @@ def deer_blocks(
     if its.size == 0:
         return Counts()
     B = block_size
-    work = its * B * cost.step * (1 + products)
-    depth = its * 2 * cost.step
-    if sweep:
-        segments = max(1, min(B // sweep, B))
-        sweeping = np.maximum(its - sweep_after, 0)
-        work = work + its * segments + sweeping * segments * sweep * cost.carried
-        depth = depth + its + sweeping * sweep * cost.carried
-    short = fronts < B
-    fallback = np.where(short, 1 + (B - fronts) * cost.carried, 0.0)
-    work, depth = work + fallback, depth + fallback
-    if hessian_points:
-        work = work + hessian_points * (1 + dim)
-        depth = depth + 2
+    directions = tangent_directions(solver, dim)
+    fallback = np.maximum(B - fronts, 0.0)
+    path, work = solve_costs(solver, g, B, its, fallback, directions, xp=np)
+    hessian_path = 2 if hessian_points else 0
+    work = work + hessian_points * (1 + dim)
     levels = its * math.ceil(math.log2(B)) if B > 1 else its * 0
     if lockstep:
-        critical, scan = depth.max(0).sum(), levels.max(0).sum()
+        path, _ = solve_costs(
+            solver, g, B, its.max(0), fallback.max(0), directions, xp=np
+        )
+        critical = (path + hessian_path).sum()
+        scan = levels.max(0).sum()
     else:
-        critical, scan = depth.sum(1).max(), levels.sum(1).max()
+        critical = (path + hessian_path).sum(1).max()
+        scan = levels.sum(1).max()
     return Counts(float(work.sum()), float(critical), float(scan))
 
 
 def deer_kernel_blocks(kernel, iterations, fronts, dim: int, lockstep=True) -> Counts:
     """:func:`deer_blocks` with the settings read from a ``DEERMALA`` or
-    ``DEERHMC`` (its solver, block size and the solve basis ``"auto"`` picks:
-    the mean Hessian up to 512 dimensions)."""
+    ``DEERHMC`` (its solver, block size and the solve basis ``"auto"`` picks,
+    as the kernel does)."""
     cost = transition_cost(kernel)
     its = np.asarray(iterations)
     blocks = its.shape[-1] if its.ndim else 1
@@ -171,16 +163,14 @@ def deer_kernel_blocks(kernel, iterations, fronts, dim: int, lockstep=True) -> C
     solver = kernel.solver
     basis = solver.solve_basis
     if basis == "auto":
-        basis = "hessian" if dim <= 512 else "whitened"
+        basis = auto_solve_basis(solver, dim)
     return deer_blocks(
         iterations,
         fronts,
         block_size=block_size,
         dim=dim,
-        cost=cost,
-        products=jacobian_products(solver, dim),
-        sweep=solver.sweep,
-        sweep_after=solver.sweep_after,
+        g=cost.carried,
+        solver=solver,
         hessian_points=16 if basis == "hessian" else 0,
         lockstep=lockstep,
     )

@@ -57,16 +57,20 @@ to that checkpoint (``benchmarks/_counts.py`` computes them):
     gradient per MALA step and ``L`` per HMC transition (the gradient is
     carried), plus one at each block's start.
   - A DEER block of ``B`` transitions (``newton_iterations`` and
-    ``block.info.front`` extra fields): per Newton iteration the step
-    function's ``g`` dependent gradients (MALA 2: it recomputes ``grad U`` at
-    its start; HMC ``L + 1``) and their tangents, ``2 g`` on the path and
-    ``g (1 + P)`` in all, with ``P`` the Jacobian estimate's products per step
-    (Hutchinson: ``num_probes``; exact diagonal or full: ``D``); the sweep's
-    sequential segments (1 + ``sweep`` carried transitions per iteration after
-    ``sweep_after``); the sequential fallback's ``1 + (B - front)`` carried
-    transitions when the front stops short; the solve basis's mean Hessian
-    (``K = 16`` points, ``K (1 + D)`` in all, 2 on the path) up to 512
-    dimensions. Vectorized chains: the slowest chain of each block.
+    ``block.info.front`` extra fields), counted by
+    ``numpyro_deer.core.warmup_cost.solve_costs`` (the parallel warmup's own
+    count): per Newton iteration the step function's ``g`` dependent
+    gradients for each of the ``B`` steps (MALA 2: it recomputes ``grad U``
+    at its start; HMC ``L + 1``) and their tangents, ``2 g`` on the path and
+    ``B g (1 + P)`` in all, with ``P`` the Jacobian estimate's products per
+    step (Hutchinson: ``num_probes``; exact diagonal or full: ``D``); the
+    sweep's sequential segments (1 + ``sweep`` carried transitions per
+    iteration after ``sweep_after``); the sequential fallback's ``1 + (B -
+    front)`` carried transitions when the front stops short; the Hessian
+    solve basis's mean Hessian (``K = 16`` points, ``K (1 + D)`` in all, 2 on
+    the path) where the kernel takes it. Vectorized chains: each block's
+    Newton loop runs until its slowest chain's solve ends, then the longest
+    fallback.
   - Warmup of ``DEERMALA``/``DEERHMC`` (NumPyro's adaptation, one step
     function per draw): ``num_warmup * g`` per chain; the initial step size
     search and the Hessian mass matrix's window ends are not counted.
@@ -80,7 +84,10 @@ to that checkpoint (``benchmarks/_counts.py`` computes them):
   critical path.
 
 Inside a segment all three are interpolated linearly in draws, like the wall
-time.
+time. A block's draws all exist only once its program has run, and on an
+accelerator a DEER block costs about the same whatever its length: the
+interpolation inside a block favours the DEER rows (and the more, the longer
+their blocks against the other rows' segments).
 
 **Sampling loops.** NUTS samples after NumPyro's own warmup in a compiled
 ``lax.scan`` of its kernel per segment (``MCMC.run`` would recompile its loop

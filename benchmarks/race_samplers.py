@@ -325,8 +325,6 @@ def parallel_warmup_row(leapfrog: bool) -> Callable:
         capped = window_solver(solver, transition, block, True)
         stall = stall_iterations(capped, 0.5)
         g = int(getattr(transition, "num_steps", 1))
-        cost = _counts.TransitionCost(g + 1, g)
-        products = _counts.jacobian_products(solver, dim)
 
         @jax.jit
         def segment(x, key):
@@ -343,7 +341,7 @@ def parallel_warmup_row(leapfrog: bool) -> Callable:
             x, s1, s2, its, fronts = segment(x, sub)
             counts = _counts.deer_blocks(
                 np.asarray(its)[:, None], np.asarray(fronts)[:, None],
-                block_size=block, dim=dim, cost=cost, products=products,
+                block_size=block, dim=dim, g=g, solver=capped,
             )  # fmt: skip
             tracker.segment(np.asarray(s1), np.asarray(s2), chains, counts)
 

@@ -56,31 +56,36 @@ def test_lockstep_and_per_core_paths():
 
 
 def test_deer_block_counts_by_hand():
-    # two chains, two blocks of B = 8, MALA (step 2 gradients, carried 1),
-    # Hutchinson with one probe, sweep 4 after 3 iterations, no Hessian basis
+    # two chains, two blocks of B = 8, MALA (g = 1: a step evaluates 2
+    # gradients, carried 1), Hutchinson with one probe, sweep 4 after 3
+    # iterations, no Hessian basis
     its = np.array([[5, 2], [3, 4]])
     fronts = np.array([[8, 8], [6, 8]])  # chain 1's first block falls back
-    counts = _counts.deer_blocks(
-        its, fronts, block_size=8, dim=3, cost=_counts.TransitionCost(2, 1),
-        products=1, sweep=4, sweep_after=3,
-    )  # fmt: skip
-    # path of one block: 2 * 2 per iteration, 1 sweep init per iteration,
-    # 4 carried steps per iteration from the 4th on, fallback 1 + (8 - front)
-    depth = {
-        (0, 0): 4 * 5 + 5 + 2 * 4,
-        (0, 1): 4 * 2 + 2,
-        (1, 0): 4 * 3 + 3 + 0 + (1 + 2),
-        (1, 1): 4 * 4 + 4 + 1 * 4,
-    }
-    assert counts.critical_path_gradients == max(depth[0, 0], depth[1, 0]) + max(
-        depth[0, 1], depth[1, 1]
+    solver = DEERSolver(jacobian="stochastic", sweep=4, sweep_after=3)
+    lockstep, own = (
+        _counts.deer_blocks(
+            its, fronts, block_size=8, dim=3, g=1, solver=solver, lockstep=mode
+        )
+        for mode in (True, False)
     )
+
+    # path of k iterations: 2 * 2 each, 1 sweep start each, 4 carried steps
+    # each from the 4th on; a fallback of n steps 1 + n
+    def path(k, n=0):
+        return 4 * k + k + 4 * max(k - 3, 0) + (1 + n if n else 0)
+
+    # vectorized chains: the slowest solve of each block, then the longest
+    # fallback (block 0: 5 iterations, then chain 1's 2 steps)
+    assert lockstep.critical_path_gradients == path(5, 2) + path(4)
+    # a chain per core: each chain's own blocks, the longer chain
+    assert own.critical_path_gradients == max(path(5) + path(2), path(3, 2) + path(4))
     # all: 2 * (1 + 1) per step and iteration for the 8 steps of the block,
     # 2 segments (8 // 4) per iteration, 2 segments x 4 steps per sweeping
     # iteration, the fallback
     work = sum(8 * 4 * i + 2 * i + 2 * 4 * max(i - 3, 0) for i in its.ravel()) + 3
-    assert counts.gradients == work
-    assert counts.scan_levels == 3 * (5 + 4)  # log2(8) levels, slowest chain
+    assert lockstep.gradients == own.gradients == work
+    assert lockstep.scan_levels == 3 * (5 + 4)  # log2(8) levels, slowest chain
+    assert own.scan_levels == 3 * max(5 + 2, 3 + 4)
 
 
 def _mcmc_fields(kernel, chains, warmup, seed=0):

@@ -134,16 +134,38 @@ def break_even_iterations(transition, num_steps: int) -> int:
     return max(1, (num_steps * g) // (2 * (g + 1)))
 
 
-def iteration_cost(solver: DEERSolver, g: int, first: Array, count: int) -> Array:
+def iteration_cost(
+    solver: DEERSolver, g: int, first: Array, count: Array, xp=jnp
+) -> Array:
     """Critical-path gradients of Newton iterations ``first .. first+count-1``:
     ``2 (g + 1)`` each, ``+ 1`` with a sweep, ``+ sweep g`` from
-    ``sweep_after`` on (the module docstring)."""
+    ``sweep_after`` on (the module docstring). ``xp``: ``jax.numpy`` or
+    ``numpy`` (the benchmarks count on the host, compiling nothing)."""
     s = solver.sweep
     cost = count * (2 * (g + 1) + (1 if s else 0))
     if s:
-        swept = jnp.clip(first + count - solver.sweep_after, 0, count)
+        swept = xp.clip(first + count - solver.sweep_after, 0, count)
         cost = cost + swept * s * g
     return cost
+
+
+def solve_costs(
+    solver: DEERSolver, g, num_steps, iterations, fallback, directions, xp=jnp
+) -> tuple[Array, Array]:
+    """``(critical path, all gradients)`` of DEER solves of ``num_steps``
+    transitions, elementwise in ``iterations`` (Newton iterations) and
+    ``fallback`` (sequential steps after the solve): the module docstring's
+    count for one chain, with ``directions`` tangents per step and iteration
+    (:func:`tangent_directions`); ``xp`` as for :func:`iteration_cost`."""
+    s = solver.sweep
+    tail = xp.where(fallback > 0, 1 + fallback * g, 0)
+    critical = iteration_cost(solver, g, 0, iterations, xp) + tail
+    total = iterations * num_steps * (g + 1) * (1 + directions) + tail
+    if s:
+        segments = xp.maximum(1, xp.minimum(num_steps // s, num_steps))
+        swept = xp.maximum(iterations - solver.sweep_after, 0)
+        total = total + iterations * segments + swept * segments * s * g
+    return critical, total
 
 
 def ceil_log2(n: int | Array) -> int | Array:
@@ -183,24 +205,18 @@ def window_costs(
         critical = jnp.asarray(1 + num_steps * g)
         total = num_chains * jnp.asarray(critical, float)
     else:
-
-        def tail(fallback):  # the sequential finish from the front
-            return jnp.where(fallback > 0, 1 + fallback * g, 0)
-
-        s = solver.sweep
-        k = jnp.max(iterations)
-        critical = iteration_cost(solver, g, 0, k) + tail(jnp.max(fallback))
-        segments = jnp.maximum(1, jnp.minimum(num_steps // s, num_steps)) if s else 0
-        # per chain in floating point: the totals of many chains and long
-        # windows overflow int32
-        iters = jnp.asarray(iterations, float)
-        swept = jnp.maximum(iters - solver.sweep_after, 0) if s else 0
         directions = tangent_directions(solver, dim)
-        per_chain = (
-            iters * (num_steps * g_f * (1 + directions) + segments)
-            + swept * segments * s * g
-            + tail(jnp.asarray(fallback, float))
+        # the chains run in lockstep: the slowest chain's iterations, then
+        # the longest fallback; per chain in floating point for the totals
+        # (those of many chains and long windows overflow int32)
+        k = jnp.max(iterations)
+        critical, _ = solve_costs(
+            solver, g, num_steps, k, jnp.max(fallback), directions
         )
+        _, per_chain = solve_costs(
+            solver, g, num_steps, jnp.asarray(iterations, float),
+            jnp.asarray(fallback, float), directions,
+        )  # fmt: skip
         total = jnp.sum(per_chain)
         levels = k * ceil_log2(num_steps)
     if not adaptation:
