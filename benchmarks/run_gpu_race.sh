@@ -9,6 +9,10 @@
 #   TARGETS="..." bash benchmarks/run_gpu_race.sh competitors  # every
 #                                           # competitor but DEER, on TARGETS
 #   bash benchmarks/run_gpu_race.sh deer    # the DEER rows on TARGETS
+#   bash benchmarks/run_gpu_race.sh auto    # DEERHMC's default method="auto"
+#                                           # and sequential HMC on the GPU,
+#                                           # NUTS on the CPU cores, TARGETS
+#   bash benchmarks/run_gpu_race.sh sweeps  # paper.py's banana by sweep
 #   bash benchmarks/run_gpu_race.sh many    # many_chains.py: chain counts,
 #                                           # stragglers, D=100 x 256 chains
 #   bash benchmarks/run_gpu_race.sh one_call # first_run_phases.py --one-call:
@@ -50,6 +54,16 @@ deer)
     # the DEER rows (and sequential HMC, their baseline) on TARGETS
     targets="${TARGETS:-gym_eight_schools gym_brownian_motion_missing_middle gym_synthetic_irt gym_ill_conditioned_gaussian}"
     timeout 580 python3 benchmarks/race.py --platform gpu --quick --targets $targets --samplers ${SAMPLERS:-deerhmc:256,1024 deer:256} --budget-seconds "${BUDGET:-10}" --grace-seconds 30 --out "$out/race_gpu_deer"
+    ;;
+auto)
+    # what a user of DEERHMC(model) gets, against NUTS with a chain per core
+    targets="${TARGETS:-gym_eight_schools gym_brownian_motion_missing_middle gym_synthetic_irt gym_ill_conditioned_gaussian}"
+    timeout 120 python3 benchmarks/race.py --platform cpu --quick --targets $targets --samplers nuts_diag:16 --budget-seconds 10 --grace-seconds 30 --out "$out/race_cpu_nuts"
+    timeout 330 python3 benchmarks/race.py --platform gpu --quick --targets $targets --samplers ${SAMPLERS:-deerhmc_auto:256,1024 hmc_seq:1024} --budget-seconds 10 --grace-seconds 30 --out "$out/race_gpu_auto"
+    ;;
+sweeps)
+    # the sweep's cost per Newton iteration where a step is launch-bound
+    timeout 100 python3 benchmarks/paper.py --platform gpu --size full --cases banana --variants deer_full --sweeps 8 0 16 --json "$out/paper_banana_sweeps_gpu.json"
     ;;
 many)
     # sampling-phase throughput against chain count, stragglers set apart
