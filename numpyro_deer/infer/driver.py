@@ -214,21 +214,18 @@ class MCMC(numpyro.infer.MCMC):
         method = kernel_method(kernel)
         with translate_tracer_errors():
             proto = jax.eval_shape(fns(method).collected, init_state, dynamic)
-        # one entry at least: a run without warmup writes nothing to it
-        trace_shape = (max(n_warmup, 1),) + jnp.shape(init_state.potential_energy)
-        collection, trace = loops.zeros(
-            (
-                jax.tree.map(
-                    lambda s: jax.ShapeDtypeStruct((size,) + s.shape, s.dtype), proto
-                ),
-                jax.ShapeDtypeStruct(
-                    trace_shape, jnp.result_type(init_state.potential_energy)
-                ),
-            )
+        # the warmup trace: one entry at least (a run without warmup writes none)
+        energy = init_state.potential_energy
+        trace = jax.ShapeDtypeStruct(
+            (max(n_warmup, 1),) + jnp.shape(energy), jnp.result_type(energy)
+        )
+        collection = jax.tree.map(
+            lambda s: jax.ShapeDtypeStruct((size,) + s.shape, s.dtype), proto
         )
         if traced:
             # inside pmap or jit: one compiled loop, no progress bar; the
             # failed-block counts travel out with the state (see _run_parallel)
+            collection, trace = loops.zeros((collection, trace))
             state, collection, stats, _, _ = fns(method).run_all(
                 init_state, collection, trace, n_warmup, total, start_idx, dynamic
             )
@@ -340,7 +337,8 @@ class MCMC(numpyro.infer.MCMC):
             warnings.warn(message, WarmupTransitWarning, stacklevel=5)
 
     def _run_on_host(self, run: HostRun, carry, phase, choose: bool):
-        """Warmup in chunks, then one block per call, from the host.
+        """Warmup in chunks, then one block per call, from the host (``carry``'s
+        collection and trace: shapes, made zero once the programs are lowered).
 
         The initial state's program (``run.init``, if the state is still to
         compute: ``carry``'s state holds its shapes), the step size search,
@@ -382,6 +380,8 @@ class MCMC(numpyro.infer.MCMC):
                 ),
                 placed=kernel.mesh is not None,
             )
+            # the zero collection's program compiles here, beside the others
+            collection, trace = loops.zeros((collection, trace))
             if run.init is not None:
                 state = initial_state(programs, run)
             if plan.steps:
