@@ -157,6 +157,12 @@ def _unshared_model(y):
     numpyro.sample("y", dist.Normal(mu + x, 1.0).to_event(1), obs=y)
 
 
+def _unshared_mcmc(**options) -> MCMC:
+    """``MCMC`` of ``DEERMALA(_unshared_model)`` (its own sizes: ``options``)."""
+    kernel = DEERMALA(_unshared_model, block_size=16)
+    return MCMC(kernel, progress_bar=False, **options)
+
+
 # the kernel's and the driver's programs, and the few small programs the
 # set-up compiles itself: the zero collection and whether the blocks need a
 # refill (method="auto" on an accelerator)
@@ -176,12 +182,7 @@ def test_run_set_up_compiles_no_one_op_programs():
     # each compile a program (~30 ms on the CPU) the first time in a process:
     # every compile asked for by this package's own code is one of the above
     before = len(LOG.events)
-    mcmc = MCMC(
-        DEERMALA(_unshared_model, block_size=16),
-        num_warmup=23,
-        num_samples=37,
-        progress_bar=False,
-    )
+    mcmc = _unshared_mcmc(num_warmup=23, num_samples=37)
     mcmc.run(jax.random.PRNGKey(3), np.linspace(-1.0, 1.0, 10))
     events = LOG.events[before:]
     # the kernel's programs compile in the driver's threads, the rest here
@@ -209,12 +210,7 @@ def test_zero_collection_is_made_once_the_programs_are_lowered(monkeypatch):
 
     monkeypatch.setattr(compile_cache, "compile_in_background", lowered)
     monkeypatch.setattr(loops, "zeros", zeros)
-    mcmc = MCMC(
-        DEERMALA(_unshared_model, block_size=16),
-        num_warmup=13,
-        num_samples=29,
-        progress_bar=False,
-    )
+    mcmc = _unshared_mcmc(num_warmup=13, num_samples=29)
     mcmc.run(jax.random.PRNGKey(6), np.linspace(-1.0, 1.0, 10))
     assert [kind for kind, _ in events] == ["lowered", "zeros"], events
     assert {"init", "warmup"} <= set(events[0][1])
@@ -226,13 +222,8 @@ def test_vectorized_chains_are_put_first_without_a_compile(monkeypatch):
     # jnp.swapaxes per collected field (a compile each, per shape); the driver
     # transposes on the host instead: the same arrays, nothing compiled for it
     def run(key):
-        mcmc = MCMC(
-            DEERMALA(_unshared_model, block_size=16),
-            num_warmup=19,
-            num_samples=41,  # shapes of this test's own
-            num_chains=2,
-            chain_method="vectorized",
-            progress_bar=False,
+        mcmc = _unshared_mcmc(  # shapes of this test's own
+            num_warmup=19, num_samples=41, num_chains=2, chain_method="vectorized"
         )
         before = len(LOG.events)
         mcmc.run(key, np.linspace(-1.0, 1.0, 10), extra_fields=("potential_energy",))
