@@ -287,6 +287,7 @@ def parallel_warmup_row(leapfrog: bool) -> Callable:
             stall_iterations,
             window_solver,
         )
+        from numpyro_deer.core.warmup_cost import gradients_per_transition
 
         logdensity, constrained, _ = _flat_problem(target, chains, settings["seed"])
 
@@ -324,7 +325,7 @@ def parallel_warmup_row(leapfrog: bool) -> Callable:
         block = settings.get("pw_block") or PW_BLOCK
         capped = window_solver(solver, transition, block, True)
         stall = stall_iterations(capped, 0.5)
-        g = int(getattr(transition, "num_steps", 1))
+        g = int(gradients_per_transition(transition))
 
         @jax.jit
         def segment(x, key):

@@ -336,11 +336,10 @@ class AutoJacobian:
     chain), Newton with the exact Jacobian takes far fewer iterations (about
     half on the banana HMC chain of Zoltowski et al., 2025); where it is
     (a Gaussian), as many, each costing ``D`` forward-mode products instead
-    of one and a ``D x D`` scan. At ``D = 2`` that costs about a fifth more
-    per iteration on a GPU; beyond, the products grow with ``D``, and the
-    iterations they saved in the measurements (none on Gaussians, up to
-    about a fifth on logistic regressions of ``D = 4`` and ``8``) do not pay
-    for them (the "Choosing options" page).
+    of one and a ``D x D`` scan. Beyond ``D = 2`` the products grow with
+    ``D``, and the iterations they saved in the measurements (none on
+    Gaussians, up to about a fifth on logistic regressions of ``D = 4`` and
+    ``8``) do not pay for them (the "Choosing options" page).
 
     Attributes:
         max_full_dim: the largest ``D`` solved with the dense Jacobian

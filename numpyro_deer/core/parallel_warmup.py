@@ -71,7 +71,7 @@ from .warmup_adapt import (
     chees_per_gradient,
     initial_step_size,
 )
-from .warmup_cost import WarmupInfo
+from .warmup_cost import WarmupInfo, gradients_per_transition
 from .warmup_window import (
     WindowPlan,
     sample_window,
@@ -311,7 +311,7 @@ def parallel_warmup(
         float(target_accept_prob),
         keys[0],
     )
-    g_f = 1 + getattr(transition, "num_steps", 1)
+    g_f = 1 + gradients_per_transition(transition)
     initial_total = x0.shape[0] * len(INITIAL_FACTORS) * g_f
     inverse_mass = _identity_metric(metric, dim, x0.dtype)
     x, rows, used = x0, [], []

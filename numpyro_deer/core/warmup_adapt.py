@@ -25,6 +25,7 @@ from jax import Array
 from .hessian import inverse_abs_mean_hessian
 from .metric import solve_sqrt, whiten
 from .transition import PotentialFn, Transition, make_step_fn
+from .warmup_cost import gradients_per_transition
 
 
 def _mean(values: Array, valid: Array | None) -> Array:
@@ -246,7 +247,7 @@ def chees_per_gradient(
         step_fn = make_step_fn(transition, potential_w, step_size)
         after = jnp.sum((jax.vmap(step_fn)(w, tape)[0] - centre) ** 2, axis=-1)
         chees = 0.25 * _mean((after - before) ** 2, valid)
-        scores.append(chees / getattr(transition, "num_steps", 1))
+        scores.append(chees / gradients_per_transition(transition))
     return jnp.stack(scores)
 
 

@@ -131,7 +131,11 @@ def flat_states_on_the_host(mcmc: _mcmc.MCMC) -> None:
 
     def merge(x):
         shape = (x.shape[0] * x.shape[1],) + x.shape[2:]
-        return _on_the_host(x, lambda a: a.reshape(shape), lambda a: a.reshape(shape))
+
+        def reshape(a):  # numpy's and jax's alike
+            return a.reshape(shape)
+
+        return _on_the_host(x, reshape, reshape)
 
     set_flat_states(mcmc, jax.tree.map(merge, mcmc._states))
 
