@@ -299,10 +299,9 @@ class MCMC(numpyro.infer.MCMC):
         """Whether this run measures which method is faster (``method="auto"``).
 
         Only on an accelerator, until a run has measured both methods, when
-        the first block step solves a block and the run has at least two
-        blocks. Otherwise an ``"auto"`` kernel without a choice takes the
-        device's rule (a provisional choice is kept).
-        """
+        the first block step solves a whole block. Otherwise an ``"auto"``
+        kernel without a choice takes the device's rule (a provisional
+        choice is kept)."""
         kernel = self.sampler
         if kernel.method != "auto":
             return False
@@ -314,7 +313,7 @@ class MCMC(numpyro.infer.MCMC):
         if (
             choice.method == "sequential"
             or traced
-            or total < 2 * size
+            or total < size
             # a fresh state (still to compute, see _initial_state) needs one
             or not (
                 isinstance(state.i, jax.ShapeDtypeStruct)
@@ -353,7 +352,7 @@ class MCMC(numpyro.infer.MCMC):
         the first block after the DEER program is compiled with DEER, and the
         faster computes the rest; blocks in between are sequential. A run
         that ends before DEER is compiled keeps a provisional choice
-        (``MethodChoice.final`` false), measured again by the next run.
+        (``MethodChoice.final`` false), completed by a later run.
         """
         kernel, plan = run.kernel, run.plan
         trials = ["sequential", "deer"] if choose else []

@@ -256,8 +256,10 @@ def run_blocks(
     With ``trials`` (``["sequential", "deer"]``, ``method="auto"`` measuring
     both), each method's first block is timed on its own (:func:`next_method`
     picks it) and ``choose`` receives the faster; a run that ends before DEER
-    is compiled passes a provisional choice, and where DEER's compiled block
-    does not fit the device's free memory the sequential scan is chosen.
+    is compiled passes a provisional choice with the sequential scan's time,
+    which a later run of blocks of the same size starts from (it then times
+    only DEER), and where DEER's compiled block does not fit the device's
+    free memory the sequential scan is chosen.
     """
     state, collection = carry
     kernel, total, batched = run.kernel, run.total, run.batched
@@ -265,8 +267,8 @@ def run_blocks(
     # the loop's counters, sent to the device at once, before the first block
     done, *stats, n_offset, last = i32s(0, 0, 0, 0, run.plan.steps, total)
     stats = tuple(stats)
-    timings = {}
     size = loops.buffer_size(state, batched)
+    timings = measured_before(kernel.method_choice, size) if trials else {}
     limit = int(loops.max_block_steps(total, size))
     steps = 0
     while int(done) < total and steps < limit:
@@ -298,6 +300,14 @@ def run_blocks(
         choose(pending_choice(timings, size))
     check_progress(done, total, state, batched)
     return state, collection, stats
+
+
+def measured_before(choice: MethodChoice | None, size: int) -> dict:
+    """The seconds per block an earlier run of blocks of ``size`` measured
+    for a provisional choice (the sequential scan's), else none."""
+    if choice is None or choice.final or choice.block_size != size:
+        return {}
+    return dict(choice.seconds)
 
 
 def next_method(trials: list, timings: dict, programs: Programs, kernel) -> str:

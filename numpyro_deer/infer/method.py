@@ -15,12 +15,16 @@ measure both methods:
   two methods compute the same chain from the same tape), so the measurement
   costs only the compiling of the method not chosen, and a run never waits
   for DEER's compile, which is the longer: a run that ends first keeps the
-  sequential scan as a provisional choice (``MethodChoice.final`` false) and
-  the next run measures both.
+  sequential scan as a provisional choice (``MethodChoice.final`` false)
+  with that scan's time per block, and the first block of a later run
+  (blocks of the same size) after DEER is compiled is computed with DEER and
+  completes the measurement. So a run of a single block (a loop of runs
+  resuming from ``post_warmup_state``) never waits for DEER's compile
+  either.
 
 Where nothing can be measured (stock ``numpyro.infer.MCMC``, chains inside
-``pmap``, a run of fewer than two blocks), ``"auto"`` is the device's rule:
-sequential on a CPU, DEER elsewhere. The choice is
+``pmap``), ``"auto"`` is the device's rule: sequential on a CPU, DEER
+elsewhere. The choice is
 :attr:`~numpyro_deer.DEERMALA.method_chosen`, with its reason and timings in
 :attr:`~numpyro_deer.DEERMALA.method_choice`.
 """
@@ -56,13 +60,17 @@ class MethodChoice(NamedTuple):
         seconds: seconds per block of each method measured (empty if none).
         final: false for a provisional choice: the run ended before the
             DEER program was compiled, so only the sequential scan was
-            measured; the next run measures again.
+            measured; a later run measures DEER.
+        block_size: the block size ``seconds`` were measured at (``None``
+            if nothing was measured). A later run of blocks of this size
+            keeps the sequential scan's time and measures only DEER.
     """
 
     method: str
     reason: str
     seconds: dict
     final: bool = True
+    block_size: int | None = None
 
 
 class MethodMemory:
@@ -99,7 +107,10 @@ def measured_choice(seconds: dict, block_size: int) -> MethodChoice:
     """The faster method of ``seconds`` (method -> seconds for one block)."""
     method = min(seconds, key=seconds.get)
     return MethodChoice(
-        method, f"measured {_per_block(seconds, block_size)}", dict(seconds)
+        method,
+        f"measured {_per_block(seconds, block_size)}",
+        dict(seconds),
+        block_size=block_size,
     )
 
 
@@ -109,9 +120,10 @@ def pending_choice(seconds: dict, block_size: int) -> MethodChoice:
     return MethodChoice(
         "sequential",
         f"provisional, {_per_block(seconds, block_size)}; the run ended before "
-        "deer was compiled; the next run measures both",
+        "deer was compiled; a later run measures it",
         dict(seconds),
         final=False,
+        block_size=block_size,
     )
 
 
@@ -124,6 +136,7 @@ def unfit_choice(message: str, seconds: dict, block_size: int) -> MethodChoice:
         f"deer's block does not fit the device's free memory ({message}); "
         f"{_per_block(seconds, block_size)}",
         dict(seconds),
+        block_size=block_size,
     )
 
 
