@@ -501,6 +501,7 @@ def settings(ns) -> dict:
         "hmc_leapfrog": ns.hmc_leapfrog,
         "deerhmc_warmup": ns.mala_warmup or (500 if quick else 1000),
         "deer_warmup": ns.deer_warmup,
+        "deer_mass": {"true": True, "false": False}.get(ns.deer_mass, ns.deer_mass),
         "pw_windows": ns.pw_windows,
         "pw_sequential": ns.pw_sequential,
         "pw_block": ns.pw_block,
@@ -530,6 +531,13 @@ def main(argv=None):
         default=None,
         help="passed to DEERMALA/DEERHMC as warmup= (a kernel without that "
         "argument fails the run)",
+    )
+    parser.add_argument(
+        "--deer-mass",
+        choices=("auto", "hessian", "true", "false"),
+        default=None,
+        help="passed to DEERMALA/DEERHMC as adapt_mass_matrix= (default: "
+        "theirs, 'auto')",
     )
     parser.add_argument(
         "--pw-windows",

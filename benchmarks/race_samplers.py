@@ -207,12 +207,15 @@ def nuts(dense: bool) -> Callable:
 
 
 def _with_warmup_hook(cls, settings, options: dict) -> dict:
-    """``options`` plus ``warmup=settings["deer_warmup"]`` when one is asked for.
+    """``options`` plus ``warmup=settings["deer_warmup"]`` when one is asked
+    for, and ``adapt_mass_matrix=settings["deer_mass"]`` (``--deer-mass``).
 
     The hook for a warmup other than NumPyro's sequential adaptation (e.g. one
     in parallel windows): forwarded to the kernel only if its constructor
     takes ``warmup``; asked for and not taken is an error, never ignored.
     """
+    if settings.get("deer_mass") is not None:
+        options = {**options, "adapt_mass_matrix": settings["deer_mass"]}
     choice = settings.get("deer_warmup")
     if choice is None:
         return options

@@ -12,9 +12,11 @@ from benchmarks.models import (
     make_ill_conditioned_gaussian_data,
 )
 from numpyro_deer import DEERMALA, MCMC, DEERSolver
+from numpyro_deer.core.metric import mass_matrix_sqrt
 from numpyro_deer.infer.hessian_mass import (
     EIGENVALUE_FLOOR,
     MAX_HESSIAN_DIM,
+    adapt_mass_sqrt,
     hessian_inverse_mass,
     hessian_mass,
     hessian_window_ends,
@@ -240,3 +242,39 @@ def test_warmup_step_without_the_window_end_traces_no_hessian():
     assert "eigh" not in primitives(step(False), state)
     end = lambda s: kernel.program.window_end(s, args, kwargs)  # noqa: E731
     assert "eigh" in primitives(end, state)
+    # nor is the dense metric factorised in a step: its factor is the state's
+    assert "cholesky" not in primitives(step(False), state)
+    assert "cholesky" in primitives(end, state)
+
+
+@pytest.mark.parametrize("dense", [False, True])
+def test_the_adapt_states_factor_is_the_metrics_square_root(dense):
+    """``adapt_mass_sqrt`` reads the factor NumPyro's adapter keeps with its
+    metric, and the window end's Hessian metric keeps it too: it is ``L``
+    with ``L L^T`` the inverse mass matrix, bit for bit the package's own
+    ``mass_matrix_sqrt`` (the blocks and the step size search factorise the
+    metric themselves)."""
+    dim = 4
+    points = jax.random.normal(jax.random.PRNGKey(3), (60, dim)) * jnp.arange(1, 5)
+    init, update = warmup_adapter(
+        60, find_reasonable_step_size=lambda eps, *_: eps, dense_mass=dense
+    )
+    state = init((points[0],), jax.random.PRNGKey(0), 0.1, mass_matrix_size=dim)
+    for t in range(55):  # through the middle window's end (step 54 of 60)
+        state = update(t, 0.5, (points[t],), state)
+    inverse = state.inverse_mass_matrix
+    assert not np.allclose(inverse, np.eye(dim) if dense else np.ones(dim))
+    states = [state]
+    if dense:  # the Hessian metric is dense
+        precision = _precision(dim)
+        potential = lambda w: 0.5 * w @ precision @ w  # noqa: E731
+        hessian_state, finite = hessian_mass(state, potential, points[:8])
+        assert bool(finite)
+        assert not np.allclose(hessian_state.inverse_mass_matrix, inverse)
+        states.append(hessian_state)
+    for adapt in states:
+        sqrt = adapt_mass_sqrt(adapt)
+        inverse = adapt.inverse_mass_matrix
+        np.testing.assert_array_equal(sqrt, mass_matrix_sqrt(inverse))
+        square = sqrt @ sqrt.T if dense else sqrt**2
+        np.testing.assert_allclose(square, inverse, rtol=1e-10)

@@ -54,7 +54,8 @@ def potential(x):
 MASSES = {
     "identity": None,
     "diagonal": jnp.asarray([0.6, 1.0, 1.3]),
-    "dense": jnp.asarray([[0.9, 0.0, 0.0], [0.3, 1.1, 0.0], [-0.2, 0.4, 0.7]]),
+    # upper-triangular, as the package's dense L (core.metric)
+    "dense": jnp.asarray([[0.9, 0.0, 0.0], [0.3, 1.1, 0.0], [-0.2, 0.4, 0.7]]).T,
 }
 
 

@@ -62,6 +62,7 @@ def potential_jnp(x):
 MASSES = {
     "identity": None,
     "diagonal": np.array([0.5, 1.0, 1.5, 0.8]),
+    # upper-triangular, as the package's dense L (core.metric)
     "dense": np.array(
         [
             [0.9, 0.0, 0.0, 0.0],
@@ -69,7 +70,7 @@ MASSES = {
             [-0.2, 0.4, 0.7, 0.0],
             [0.1, -0.3, 0.2, 1.2],
         ]
-    ),
+    ).T,
 }
 
 

@@ -40,6 +40,7 @@ from numpyro.infer.hmc_util import build_adaptation_schedule
 from ..core.certificate import tree_where
 from ..core.hessian import EIGENVALUE_FLOOR as EIGENVALUE_FLOOR
 from ..core.hessian import inverse_abs_mean_hessian
+from ..core.metric import mass_matrix_sqrt
 
 MAX_HESSIAN_DIM = 512
 """Largest latent dimension for which the ``"auto"`` settings use the mean
@@ -79,11 +80,20 @@ def hessian_inverse_mass(
     inverse, finite = inverse_abs_mean_hessian(potential, points)
     eye = jnp.eye(inverse.shape[-1], dtype=inverse.dtype)
     # NumPyro's factorisation of a dense inverse mass matrix (hmc_util)
-    sqrt_inv = jnp.swapaxes(
-        jnp.linalg.cholesky(inverse[::-1, ::-1])[::-1, ::-1], -2, -1
-    )
+    sqrt_inv = jnp.swapaxes(mass_matrix_sqrt(inverse), -2, -1)
     sqrt = jax.scipy.linalg.solve_triangular(sqrt_inv, eye, lower=True)
     return inverse, sqrt, sqrt_inv, finite
+
+
+def adapt_mass_sqrt(adapt: Any) -> Array:
+    """``L`` (:mod:`numpyro_deer.core.metric`) of NumPyro's adapt state's
+    metric, from the factor the state keeps (``mass_matrix_sqrt_inv``: ``L``
+    itself for a diagonal metric, ``L^T`` for a dense one), which NumPyro's
+    adapter and :func:`hessian_mass` update with the metric: no
+    factorisation per step (a ``D x D`` Cholesky per chain, which at
+    ``D = 501`` made a warmup step 100 times slower on a CPU)."""
+    sqrt_inv = adapt.mass_matrix_sqrt_inv
+    return sqrt_inv if sqrt_inv.ndim == 1 else jnp.swapaxes(sqrt_inv, -2, -1)
 
 
 def is_hessian_window_end(before: Any, after: Any, num_windows: int) -> Array:

@@ -29,7 +29,7 @@ from jax.flatten_util import ravel_pytree
 
 from ..core.batched import batched_deer_solve
 from ..core.hessian import curvature_basis
-from ..core.metric import mass_matrix_sqrt, mul_sqrt, solve_sqrt, whiten
+from ..core.metric import mul_sqrt, solve_sqrt, whiten
 from ..core.newton import RESULTS, DEERSolver, NewtonInfo, deer_solve, no_solve_info
 from ..core.transition import (
     Transition,
@@ -47,7 +47,7 @@ from .block import (
     pilot_points,
 )
 from .chains import map_groups
-from .hessian_mass import MAX_HESSIAN_DIM
+from .hessian_mass import MAX_HESSIAN_DIM, adapt_mass_sqrt
 from .mesh import TimeMesh
 
 
@@ -109,7 +109,7 @@ def block_problem(
     block_size = state.block.z.shape[0]
     rng_key, key_tape, key_probe = jax.random.split(state.rng_key, 3)
     adapt = state.adapt_state
-    mass_sqrt = mass_matrix_sqrt(adapt.inverse_mass_matrix)
+    mass_sqrt = adapt_mass_sqrt(adapt)
     w0 = solve_sqrt(mass_sqrt, ravel(state.z))
     tape = transition.make_tape(key_tape, block_size, w0.shape[0], w0.dtype)
 

@@ -32,6 +32,7 @@ from ..core.certificate import tree_where
 from ..core.metric import mass_matrix_sqrt
 from ..core.transition import Transition, make_step_fn
 from .block import DEERState, record_warmup_draw
+from .hessian_mass import adapt_mass_sqrt
 
 MAX_STEP_SIZE_SEARCH = 40
 """Most doublings or halvings of the step size in one search."""
@@ -218,7 +219,7 @@ def warmup_step(
         transition,
         potential_flat,
         adapt.step_size,
-        mass_matrix_sqrt(adapt.inverse_mass_matrix),
+        adapt_mass_sqrt(adapt),
     )
     x, info = step_fn(x, jax.tree.map(lambda v: v[0], tape))
     i = state.i + 1
