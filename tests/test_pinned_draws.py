@@ -3,12 +3,12 @@
 The values were taken when the tapes became flat draws (float64,
 ``PRNGKey(1)``, 100 warmup draws, blocks of 32, 64 draws; eight schools'
 again when the dense metric's factor became NumPyro's upper-triangular
-one): draws 0, 31, 32 and 63 of a few latent sites. A change of the chain for a given key (how the
-tape is drawn, the step size or mass adaptation, an accept decision) fails
-here and is a breaking change that the changelog says. DEER agrees with the
-sequential scan of the same tape up to the solver's tolerance, so its pinned
-values are compared with a tolerance that a changed chain would exceed by
-orders of magnitude.
+one): draws 0, 31, 32 and 63 of a few latent sites. A change of the chain
+for a given key (how the tape is drawn, the step size or mass adaptation,
+an accept decision) fails here and is a breaking change that the changelog
+says. DEER agrees with the sequential scan of the same tape up to the
+solver's tolerance, so its pinned values are compared with a tolerance that
+a changed chain would exceed by orders of magnitude.
 """
 
 import jax
