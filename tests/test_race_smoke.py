@@ -187,3 +187,19 @@ def test_sampler_named_twice_runs_every_chain_count():
     assert plan == {"deerhmc": [64, 1024], "hmc_seq": [1024], "deer": None}
     with pytest.raises(ValueError, match="unknown 'nuts'"):
         race.sampler_plan(["nuts:4"])
+
+
+@pytest.mark.parametrize("flag, expected", [("true", True), ("hessian", "hessian")])
+def test_deer_mass_reaches_the_kernels(flag, expected):
+    """``--deer-mass`` becomes the DEER rows' ``adapt_mass_matrix``."""
+    parser_settings = race.settings(
+        race.argparse.Namespace(
+            platform="cpu", seed=0, budget_seconds=1.0, quick=True, mala_warmup=None,
+            block_size=None, hmc_leapfrog=4, deer_warmup=None, deer_mass=flag,
+            pw_windows=None, pw_sequential=1, pw_block=None,
+        )
+    )  # fmt: skip
+    options = race_samplers._with_warmup_hook(
+        race_samplers.numpyro_deer.DEERHMC, parser_settings, {"num_steps": 4}
+    )
+    assert options == {"num_steps": 4, "adapt_mass_matrix": expected}
