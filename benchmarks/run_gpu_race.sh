@@ -13,6 +13,7 @@
 #                                           # and sequential HMC on the GPU,
 #                                           # NUTS on the CPU cores, TARGETS
 #   bash benchmarks/run_gpu_race.sh sweeps  # paper.py's banana by sweep
+#   bash benchmarks/run_gpu_race.sh irt     # item response theory by metric
 #   bash benchmarks/run_gpu_race.sh many    # many_chains.py: chain counts,
 #                                           # stragglers, D=100 x 256 chains
 #   bash benchmarks/run_gpu_race.sh one_call # first_run_phases.py --one-call:
@@ -73,6 +74,13 @@ many)
     timeout 120 python3 benchmarks/many_chains.py --models eight_schools --chains 1024 --block-sizes 1024 --warmup 200 --blocks 2 --stragglers off --json "$out/many_chains_stragglers_off.json"
     timeout 200 python3 benchmarks/many_chains.py --models logistic_regression_large --kernels mala --chains 256 --block-sizes 4096 --warmup 100 --blocks 1 --json "$out/many_chains_d100.json"
     ;;
+irt)
+    # item response theory (D = 501): the default (Hessian) metric and
+    # NumPyro's diagonal one, 256 and 1,024 chains, 20 s of budget
+    timeout 100 python3 benchmarks/race.py --platform cpu --quick --targets gym_synthetic_irt --samplers nuts_diag:16 --budget-seconds 20 --grace-seconds 30 --out "$out/race_cpu_nuts_irt"
+    timeout 200 python3 benchmarks/race.py --platform gpu --quick --targets gym_synthetic_irt --samplers hmc_seq:256,1024 deerhmc_auto:1024 --budget-seconds 20 --grace-seconds 40 --out "$out/race_gpu_irt"
+    timeout 200 python3 benchmarks/race.py --platform gpu --quick --deer-mass true --targets gym_synthetic_irt --samplers hmc_seq:256,1024 --budget-seconds 20 --grace-seconds 40 --out "$out/race_gpu_irt_diag"
+    ;;
 phases)
     # where a first call waits, then the race rows whose first segment holds
     # the warmup (numpyro_deer.MCMC rows) beside NUTS on the CPU cores
@@ -103,3 +111,10 @@ numpyro020)
     done
     ;;
 esac
+# the device returns few files: with $OUT set, keep each race's JSON
+# (race_x/race.json -> race_x.json) and drop the figures
+if [ -n "${OUT:-}" ]; then
+    for d in "$out"/race*/; do
+        [ -f "$d/race.json" ] && cp "$d/race.json" "${d%/}.json" && rm -rf "$d"
+    done
+fi

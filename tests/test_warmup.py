@@ -93,3 +93,56 @@ def test_restart_is_skipped_where_not_used():
     kept = restart_step_size(state, x, adapter.find_step_size, jnp.asarray(False))
     for a, b in zip(jax.tree.leaves(kept), jax.tree.leaves(state), strict=True):
         np.testing.assert_array_equal(a, b)
+
+
+def _outside_conds(jaxpr) -> set:
+    """The primitives ``jaxpr`` runs whatever its data: those of loop
+    bodies and nested jits included, those of ``cond`` branches left out."""
+    names = set()
+    for eqn in jaxpr.eqns:
+        names.add(eqn.primitive.name)
+        if eqn.primitive.name == "cond":
+            continue
+        for value in eqn.params.values():
+            for sub in value if isinstance(value, (list, tuple)) else [value]:
+                inner = getattr(sub, "jaxpr", sub)
+                if hasattr(inner, "eqns"):
+                    names |= _outside_conds(inner)
+    return names
+
+
+def test_vectorized_warmup_searches_the_step_size_only_at_window_ends(monkeypatch):
+    """NumPyro's adapter searches the step size (a ``while`` loop) at a
+    window end under a ``cond``. Vectorized chains (``vmap``, as on an
+    accelerator) pass their shared iteration count and window index
+    unbatched, so the ``cond`` stays a ``cond``: a step runs no search
+    outside it (from a batched predicate ``vmap`` would make it a ``select``
+    computing the search at every step). The steps are the chains' own."""
+    from benchmarks.models import gaussian_mean_model
+    from numpyro_deer import DEERMALA, MCMC
+    from numpyro_deer.infer import chains
+
+    from .helpers import gaussian_data
+
+    args, kwargs = gaussian_data(1.0)
+    kernel = DEERMALA(gaussian_mean_model, block_size=8, adapt_mass_matrix=True)
+    mcmc = MCMC(
+        kernel, num_warmup=30, num_samples=8, num_chains=3,
+        chain_method="vectorized", progress_bar=False,
+    )  # fmt: skip
+    mcmc.run(jax.random.PRNGKey(0), *args, **kwargs)
+    state = mcmc.last_state._replace(i=jnp.full((3,), 12))  # inside warmup
+
+    def warmup():  # a new function each time: JAX caches traces by function
+        return lambda s: kernel.program.warmup(s, args, kwargs, batched=True)
+
+    monkeypatch.setattr(chains, "on_cpu", lambda: False)  # vmap, as on a GPU
+    jaxpr = jax.make_jaxpr(warmup())(state).jaxpr
+    assert "cond" in _outside_conds(jaxpr)
+    assert "while" not in _outside_conds(jaxpr)
+    vmapped = jax.jit(warmup())(state)
+    monkeypatch.undo()
+    mapped = jax.jit(warmup())(state)  # lax.map over the chains (CPU)
+    jax.tree.map(
+        lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6), mapped, vmapped
+    )

@@ -28,19 +28,20 @@ from numpyro.util import identity
 
 from . import compile_cache
 from .block import emit_draw
-from .chains import (
-    check_initial_potential,
-    float_params,
-    map_chains,
-    on_cpu,
-)
+from .chains import check_initial_potential, float_params, map_chains, on_cpu
 from .checks import translate_tracer_errors
 from .convergence import raise_unconverged, warn_unconverged
 from .hessian_mass import hessian_mass, hessian_window_ends, is_hessian_window_end
 from .initial import check_initial_values, initial_state
 from .refill import refill_chains
 from .settings import KernelSettings
-from .warmup import Adapter, build_adapter, restart_step_size, warmup_step
+from .warmup import (
+    Adapter,
+    build_adapter,
+    restart_step_size,
+    shared_schedule,
+    warmup_step,
+)
 
 MATMUL_PRECISION = "highest"
 """Precision of the kernel's matrix products (``jax.default_matmul_precision``):
@@ -250,7 +251,8 @@ class BlockProgram:
                 unravel=self.unravel,
                 transition=self.settings.transition,
             )
-            new = self._map_chains(step, state) if batched else step(state)
+            shared = shared_schedule(step, state) if batched else step
+            new = self._map_chains(shared, state) if batched else step(state)
         if not (window_end and self.mass_adaptation == "hessian"):
             return new
         first = (lambda t: jax.tree.map(lambda a: a[0], t)) if batched else identity

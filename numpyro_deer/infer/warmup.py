@@ -237,3 +237,25 @@ def warmup_step(
         rng_key=rng_key,
         curvature_points=points,
     )
+
+
+def shared_schedule(step: Callable, state) -> Callable:
+    """``step`` with the chains' shared iteration count and NumPyro window
+    index closed over, for mapping over the chains of ``state``.
+
+    Vectorized chains advance in lockstep, so ``state.i`` and the adapt
+    state's ``window_idx`` are the same for all. Passed unbatched, the
+    predicate of NumPyro's window-end ``cond`` (``warmup_adapter``: the
+    metric's final estimate and the step size search) is unbatched too, and
+    the ``cond`` stays a ``cond`` under ``vmap``; from the batched state it
+    would become a ``select`` that computes both branches, the search's
+    loop included, at every step.
+    """
+    i = jnp.reshape(state.i, (-1,))[0]
+    window = jnp.reshape(state.adapt_state.window_idx, (-1,))[0]
+
+    def shared(s):
+        adapt = s.adapt_state._replace(window_idx=window)
+        return step(s._replace(i=i, adapt_state=adapt))
+
+    return shared
