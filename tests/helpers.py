@@ -78,3 +78,20 @@ def compile_log() -> CompileLog:
     if _LOG is None:
         _LOG = CompileLog()
     return _LOG
+
+
+def primitive_names(jaxpr, into_conds: bool = True) -> set:
+    """The primitives of ``jaxpr`` and of every jaxpr inside it (loop
+    bodies, nested jits and, with ``into_conds``, ``cond`` branches; without,
+    only what runs whatever the data)."""
+    names = set()
+    for eqn in jaxpr.eqns:
+        names.add(eqn.primitive.name)
+        if eqn.primitive.name == "cond" and not into_conds:
+            continue
+        for value in eqn.params.values():
+            for sub in value if isinstance(value, (list, tuple)) else [value]:
+                inner = getattr(sub, "jaxpr", sub)
+                if hasattr(inner, "eqns"):
+                    names |= primitive_names(inner, into_conds)
+    return names

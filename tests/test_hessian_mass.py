@@ -25,6 +25,8 @@ from numpyro_deer.infer.hessian_mass import (
 )
 from numpyro_deer.infer.warmup import restart_step_size
 
+from .helpers import primitive_names
+
 
 def _precision(dim=4, seed=0):
     a = np.random.default_rng(seed).standard_normal((dim, dim))
@@ -211,20 +213,6 @@ def test_window_ends_are_where_numpyros_update_ends_a_middle_window(num_warmup):
     assert len(ends) == max(0, num_windows - 2)
 
 
-def _primitive_names(jaxpr) -> set:
-    """The primitives of ``jaxpr`` and of every jaxpr inside it (branches,
-    loop bodies, nested jits)."""
-    names = set()
-    for eqn in jaxpr.eqns:
-        names.add(eqn.primitive.name)
-        for value in eqn.params.values():
-            for sub in value if isinstance(value, (list, tuple)) else [value]:
-                inner = getattr(sub, "jaxpr", sub)
-                if hasattr(inner, "eqns"):
-                    names |= _primitive_names(inner)
-    return names
-
-
 def test_warmup_step_without_the_window_end_traces_no_hessian():
     # the warmup loop of numpyro_deer.MCMC leaves the Hessian (and its
     # eigendecomposition) to the window-end program: not traced in the step
@@ -233,7 +221,7 @@ def test_warmup_step_without_the_window_end_traces_no_hessian():
     state = kernel.init(jax.random.PRNGKey(0), 100, None, args, kwargs)
 
     def primitives(fn, *fn_args):
-        return _primitive_names(jax.make_jaxpr(fn)(*fn_args).jaxpr)
+        return primitive_names(jax.make_jaxpr(fn)(*fn_args).jaxpr)
 
     def step(window_end):
         return lambda s: kernel.program.warmup(s, args, kwargs, False, window_end)

@@ -95,22 +95,6 @@ def test_restart_is_skipped_where_not_used():
         np.testing.assert_array_equal(a, b)
 
 
-def _outside_conds(jaxpr) -> set:
-    """The primitives ``jaxpr`` runs whatever its data: those of loop
-    bodies and nested jits included, those of ``cond`` branches left out."""
-    names = set()
-    for eqn in jaxpr.eqns:
-        names.add(eqn.primitive.name)
-        if eqn.primitive.name == "cond":
-            continue
-        for value in eqn.params.values():
-            for sub in value if isinstance(value, (list, tuple)) else [value]:
-                inner = getattr(sub, "jaxpr", sub)
-                if hasattr(inner, "eqns"):
-                    names |= _outside_conds(inner)
-    return names
-
-
 def test_vectorized_warmup_searches_the_step_size_only_at_window_ends(monkeypatch):
     """NumPyro's adapter searches the step size (a ``while`` loop) at a
     window end under a ``cond``. Vectorized chains (``vmap``, as on an
@@ -122,7 +106,7 @@ def test_vectorized_warmup_searches_the_step_size_only_at_window_ends(monkeypatc
     from numpyro_deer import DEERMALA, MCMC
     from numpyro_deer.infer import chains
 
-    from .helpers import gaussian_data
+    from .helpers import gaussian_data, primitive_names
 
     args, kwargs = gaussian_data(1.0)
     kernel = DEERMALA(gaussian_mean_model, block_size=8, adapt_mass_matrix=True)
@@ -138,8 +122,8 @@ def test_vectorized_warmup_searches_the_step_size_only_at_window_ends(monkeypatc
 
     monkeypatch.setattr(chains, "on_cpu", lambda: False)  # vmap, as on a GPU
     jaxpr = jax.make_jaxpr(warmup())(state).jaxpr
-    assert "cond" in _outside_conds(jaxpr)
-    assert "while" not in _outside_conds(jaxpr)
+    assert "cond" in primitive_names(jaxpr, into_conds=False)
+    assert "while" not in primitive_names(jaxpr, into_conds=False)
     vmapped = jax.jit(warmup())(state)
     monkeypatch.undo()
     mapped = jax.jit(warmup())(state)  # lax.map over the chains (CPU)
