@@ -8,7 +8,7 @@ map ``s_t = f_t(s_{t-1})``, which the Newton solver linearises as it does a
 MALA step (Zoltowski et al., 2025, section 3).
 
 With the inverse mass matrix ``M = L L^T`` given through ``L`` (diagonal
-``(D,)`` or dense lower-triangular ``(D, D)``) and the whitened momentum
+``(D,)`` or dense upper-triangular ``(D, D)``) and the whitened momentum
 ``r = L^T p ~ N(0, I)``, the kinetic energy is ``|r|^2 / 2`` and one leapfrog
 step of size ``eps_t = c_t eps`` is
 

@@ -14,7 +14,7 @@ uniform ``u_t`` per step, one key per step. One step is (Roberts and Tweedie,
 with ``U`` the potential energy (negative log density), ``q`` the Gaussian
 proposal density with mean ``x - eps M grad U(x)`` and covariance ``2 eps M``,
 and ``M`` an optional preconditioner given through its square root ``L``
-(diagonal ``(D,)`` or dense lower-triangular ``(D, D)``).
+(diagonal ``(D,)`` or dense upper-triangular ``(D, D)``).
 
 A proposal whose potential or log ratio is not finite is rejected and flagged as
 ``diverging``; so is one whose energy error ``-log a`` exceeds
