@@ -23,6 +23,7 @@ from numpyro_deer.core.parallel_warmup import (
     window_solver,
     window_tapes,
 )
+from numpyro_deer.core.warmup_adapt import CURVE_TRANSITIONS as K
 from numpyro_deer.core.warmup_adapt import chees_per_gradient
 from numpyro_deer.core.warmup_window import stall_iterations
 
@@ -210,17 +211,20 @@ def test_critical_path_hand_count():
     # one iteration tests the initial guess (nothing passes) and sets the
     # first step exactly: the front is 0, all 4 steps are finished sequentially
     np.testing.assert_array_equal(windows.fallback_steps, [4, 4])
-    # MALA: g = 1 per sequential step, g_f = 2 per evaluated step
-    initial = 2  # one step from every chain at every candidate step size
-    sequential = 1 + 4 * 1 + 2  # start gradient, 4 steps, the curve after
-    deer = 1 * (2 * 2) + (1 + 4 * 1) + 2  # iteration, fallback, the curve
-    np.testing.assert_array_equal(windows.critical_path_gradients, [7, 11])
+    # MALA: g = 1 per sequential step, g_f = 2 per evaluated step; the
+    # curves take K dependent steps from every point at every step size
+    initial = K * 2  # from every chain
+    sequential = 1 + 4 * 1 + K * 2  # start gradient, 4 steps, the curve after
+    deer = 1 * (2 * 2) + (1 + 4 * 1) + K * 2  # iteration, fallback, the curve
+    np.testing.assert_array_equal(
+        windows.critical_path_gradients, [5 + 2 * K, 9 + 2 * K]
+    )
     assert int(result.info.critical_path_gradients) == initial + sequential + deer
     # all gradients: 2 chains; the curve at 4 pooled draws x 25 step sizes
     # (41 at the start), one stochastic probe
-    total_initial = 2 * 41 * 2
-    total_sequential = 2 * (1 + 4) + 4 * 25 * 2
-    total_deer = 2 * (1 * 4 * 2 * 2 + (1 + 4)) + 4 * 25 * 2
+    total_initial = 2 * 41 * K * 2
+    total_sequential = 2 * (1 + 4) + 4 * 25 * K * 2
+    total_deer = 2 * (1 * 4 * 2 * 2 + (1 + 4)) + 4 * 25 * K * 2
     assert float(result.info.total_gradients) == (
         total_initial + total_sequential + total_deer
     )
@@ -243,15 +247,17 @@ def test_critical_path_hand_count_with_stall_stop():
     windows = result.info.windows
     np.testing.assert_array_equal(windows.newton_iterations, [0, 1])
     np.testing.assert_array_equal(windows.fallback_steps, [4, 16])
-    initial = 2
-    sequential = 1 + 4 * 1 + 2
-    deer = 1 * (2 * 2) + (1 + 16 * 1) + 2  # one iteration, not the cap's 4
-    np.testing.assert_array_equal(windows.critical_path_gradients, [7, 23])
+    initial = K * 2
+    sequential = 1 + 4 * 1 + K * 2
+    deer = 1 * (2 * 2) + (1 + 16 * 1) + K * 2  # one iteration, not the cap's 4
+    np.testing.assert_array_equal(
+        windows.critical_path_gradients, [5 + 2 * K, 21 + 2 * K]
+    )
     assert int(result.info.critical_path_gradients) == initial + sequential + deer
     # all gradients: every chain's own iteration and fallback; the curve at
     # 2 x 8 pooled draws (the second half of the window) x 25 step sizes
-    total_deer = 2 * (1 * 16 * 2 * 2 + (1 + 16)) + 16 * 25 * 2
-    total_rest = 2 * 41 * 2 + 2 * (1 + 4) + 4 * 25 * 2
+    total_deer = 2 * (1 * 16 * 2 * 2 + (1 + 16)) + 16 * 25 * K * 2
+    total_rest = 2 * 41 * K * 2 + 2 * (1 + 4) + 4 * 25 * K * 2
     assert float(result.info.total_gradients) == total_rest + total_deer
 
 
@@ -269,6 +275,7 @@ def test_critical_path_hand_count_with_stall_stop():
         ({"metric": "full"}, "metric='full'"),
         ({"target_accept_prob": 1.5}, "target_accept_prob=1.5"),
         ({"stall_fraction": 2.0}, "stall_fraction=2.0"),
+        ({"curve_transitions": 0}, "curve_transitions=0"),
     ],
 )
 def test_bad_arguments(kwargs, message):
@@ -317,8 +324,9 @@ def test_trajectory_length_choice_is_reported_and_counted():
     assert int(info.num_steps[0]) == 8 and int(info.num_steps[1]) == 8
     assert int(info.num_steps[2]) == info.final_num_steps
     assert info.final_num_steps in (1, 2, 8)
-    # the initial search (g_f = 9) and one choice (max L + 1 = 9) on top
-    expected = int(np.sum(info.windows.critical_path_gradients)) + 9 + 9
+    # the initial search (K transitions, g_f = 9) and one choice (max L + 1 =
+    # 9) on top
+    expected = int(np.sum(info.windows.critical_path_gradients)) + K * 9 + 9
     assert int(info.critical_path_gradients) == expected
 
 

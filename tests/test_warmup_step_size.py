@@ -1,5 +1,6 @@
-"""The parallel warmup's step size rule and its stuck chains
-(numpyro_deer.core.warmup_adapt.choose_step_size, restart_stuck).
+"""The parallel warmup's step size rule, its acceptance curve and its stuck
+chains (numpyro_deer.core.warmup_adapt.choose_step_size, acceptance_curve,
+restart_stuck).
 
 Float64 (the session's conftest).
 """
@@ -8,9 +9,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from numpyro_deer.core import MALA, DEERSolver
+from numpyro_deer.core import MALA, DEERSolver, sequential_chain
+from numpyro_deer.core.metric import mass_matrix_sqrt, solve_sqrt, whiten
 from numpyro_deer.core.parallel_warmup import WarmupSchedule, parallel_warmup
-from numpyro_deer.core.warmup_adapt import choose_step_size, restart_stuck
+from numpyro_deer.core.warmup_adapt import (
+    acceptance_curve,
+    choose_step_size,
+    initial_step_size,
+    restart_stuck,
+)
 
 FACTORS = jnp.array([1.0, 2.0, 4.0, 8.0, 16.0])
 # the acceptance curve of the points that move: 0.9 is crossed halfway
@@ -111,3 +118,65 @@ def test_far_out_chains_neither_collapse_the_step_size_nor_stay_stuck():
     ):
         assert 1 / 1.5 < float(got / expected) < 1.5, (got, expected)
     assert np.all(np.abs(result.positions / SCALES) < 5.0)
+
+
+def test_acceptance_curve_is_the_mean_along_consecutive_transitions():
+    """``num_transitions=3``: each factor's value is the mean acceptance of
+    the sequential chains of 3 steps from the points (whitened by the metric)
+    on the tape's entries ``j * K + k`` of point ``k``, over the valid
+    points."""
+    num_points, n, dim = 6, 3, SCALES.shape[0]
+    points = 3.0 * SCALES * jax.random.normal(jax.random.key(4), (num_points, dim))
+    valid = jnp.arange(num_points) < 5
+    mass_sqrt = mass_matrix_sqrt(SCALES**2 * 1.5)
+    factors = jnp.array([0.25, 1.0, 4.0])
+    key = jax.random.key(5)
+    got = acceptance_curve(
+        MALA(), quartic_potential, points, 0.3, mass_sqrt, factors, key, valid, n
+    )
+    tape = MALA().make_tape(key, num_points * n, dim, points.dtype)
+    potential_w = whiten(quartic_potential, mass_sqrt)
+    for value, factor in zip(got, factors, strict=True):
+        expected = []
+        for k in range(5):
+            tape_k = jax.tree.map(lambda a, k=k: a[k::num_points], tape)
+            w = solve_sqrt(mass_sqrt, points[k])
+            _, infos = sequential_chain(MALA(), potential_w, w, tape_k, 0.3 * factor)
+            expected.append(jnp.mean(infos.accept_prob))
+        np.testing.assert_allclose(value, np.mean(expected), rtol=1e-12)
+    # one transition: the first step's acceptance only, another curve
+    one = acceptance_curve(
+        MALA(), quartic_potential, points, 0.3, mass_sqrt, factors, key, valid, 1
+    )
+    assert not np.allclose(one, got)
+
+
+def test_curve_along_transitions_follows_chains_off_the_typical_set():
+    """Logistic regression (D = 20, N = 1,000) from NumPyro's initialisation
+    (uniform in [-2, 2]): one transition from each initial position mostly
+    moves far downhill and is accepted, so its curve picks a step size at
+    which the chains then reject nearly every proposal (the second half of a
+    window of 32 accepts under 5 %); the mean over 4 transitions sees those
+    rejections and picks a step size at which they keep moving (over 10 %)."""
+    num_obs, dim = 1000, 20
+    k_x, k_beta, k_y, k_0 = jax.random.split(jax.random.key(0), 4)
+    features = jax.random.normal(k_x, (num_obs, dim))
+    beta = 0.5 * jax.random.normal(k_beta, (dim,))
+    labels = jax.random.bernoulli(k_y, jax.nn.sigmoid(features @ beta))
+
+    def potential(x):
+        logits = features @ x
+        return jnp.sum(jax.nn.softplus(logits) - labels * logits) + 0.5 * x @ x
+
+    x0 = jax.random.uniform(k_0, (64, dim), minval=-2.0, maxval=2.0)
+    tape = MALA().make_tape(jax.random.key(3), 32, dim, x0.dtype)
+    accepted = {}
+    for n in (1, 4):
+        eps = initial_step_size(
+            MALA(), potential, x0, jnp.asarray(1.0), 0.9, jax.random.key(2), n
+        )
+        _, infos = jax.vmap(
+            lambda x, eps=eps: sequential_chain(MALA(), potential, x, tape, eps)
+        )(x0)
+        accepted[n] = float(jnp.mean(infos.accept_prob[:, 16:]))
+    assert accepted[1] < 0.05 and accepted[4] > 0.1, accepted

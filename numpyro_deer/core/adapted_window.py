@@ -7,8 +7,8 @@ chains that accepted no proposal restarted from another chain's draws
 (:func:`~.warmup_adapt.restart_stuck`), then from the second half of its
 draws pooled over chains the new metric
 (:func:`~.warmup_adapt.pooled_inverse_mass` or the inverse mean Hessian) and
-the new step size, where the pooled acceptance curve falls through the target
-times its plateau
+the new step size, where the pooled acceptance curve (a few transitions from
+each point) falls through the target times its plateau
 (:func:`~.warmup_adapt.acceptance_curve`, :func:`~.warmup_adapt.choose_step_size`),
 and the window's counts (:func:`~.warmup_cost.window_costs`).
 
@@ -43,6 +43,7 @@ from .metric import mass_matrix_sqrt
 from .newton import DEERSolver
 from .transition import PotentialFn, StepInfo, Transition
 from .warmup_adapt import (
+    CURVE_TRANSITIONS,
     acceptance_curve,
     choose_step_size,
     hessian_inverse_mass,
@@ -106,7 +107,11 @@ def padded_window_draws(
     )
 
 
-@partial(jax.jit, static_argnums=(0, 1, 2, 3, 4, 5, 6, 7, 8, 9))
+@partial(
+    jax.jit,
+    static_argnums=(0, 1, 2, 3, 4, 5, 6, 7, 8, 9),
+    static_argnames=("curve_transitions",),
+)
 def warmup_window(
     transition: Transition,
     potential_fn: PotentialFn,
@@ -124,6 +129,7 @@ def warmup_window(
     adapt_metric: Array,
     key: Array,
     plan: WindowPlan,
+    curve_transitions: int = CURVE_TRANSITIONS,
 ) -> tuple[Array, Array, Array, Array, WindowInfo]:
     """One window for all chains at a fixed kernel, then the adaptation: one
     compiled program for every window of a warmup.
@@ -136,8 +142,9 @@ def warmup_window(
     (traced), and the step size from the acceptance curve at
     ``num_curve_points`` of them (:func:`~.warmup_adapt.window_points`, in
     ``slots`` rows: at least as many as the points of any window, so one
-    program serves all). ``hessian_points``: the points of the Hessian
-    metric (static, at most the pooled draws; 0 for the other metrics).
+    program serves all; ``curve_transitions`` from each point, static).
+    ``hessian_points``: the points of the Hessian metric (static, at most
+    the pooled draws; 0 for the other metrics).
     ``transition`` is the static part of
     :func:`~numpyro_deer.core.hmc.split_leapfrog` or a fixed transition.
     Returns ``(positions, next step size, next inverse mass, the rows of the
@@ -190,6 +197,7 @@ def warmup_window(
         factors,
         k_curve,
         valid,
+        curve_transitions,
     )
     new_step_size = choose_step_size(step_size, factors, accept, target)
 
@@ -207,6 +215,7 @@ def warmup_window(
         jnp.sum(valid) * factors.shape[0],
         hessian_points,
         adapt_metric,
+        curve_transitions=curve_transitions,
     )
     prob = jnp.where(active & jnp.isfinite(infos.accept_prob), infos.accept_prob, 0.0)
     info = WindowInfo(

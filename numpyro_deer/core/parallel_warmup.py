@@ -17,13 +17,15 @@ window:
   ``n/(n+5) var + 1e-3 * 5/(n+5)``; or (``"hessian"``) the inverse of the mean
   Hessian of the potential at pooled draws, eigenvalues in absolute value and
   floored (:mod:`numpyro_deer.core.hessian`);
-* **step size** (:mod:`~numpyro_deer.core.warmup_adapt`): one
-  transition of the kernel in the new metric is taken from each of up to
-  ``num_curve_points`` pooled draws at each of a few step sizes ``eps * f_k``
-  (common random numbers), all in parallel. Their mean acceptance estimates
-  the stationary acceptance curve ``a(eps)``; the new step size is where the
-  curve falls through ``target_accept_prob`` times its maximum (points that
-  accept nothing at any candidate left out,
+* **step size** (:mod:`~numpyro_deer.core.warmup_adapt`):
+  ``curve_transitions`` transitions of the kernel in the new metric are
+  taken from each of up to ``num_curve_points`` pooled draws at each of a
+  few step sizes ``eps * f_k`` (common random numbers), all in parallel.
+  Their mean acceptance estimates the acceptance curve ``a(eps)`` along the
+  chains (:func:`~numpyro_deer.core.warmup_adapt.acceptance_curve`: off the
+  typical set one transition's acceptance overstates it); the new step
+  size is where the curve falls through ``target_accept_prob`` times its
+  maximum (points that accept nothing at any candidate left out,
   :func:`~numpyro_deer.core.warmup_adapt.choose_step_size`), interpolated
   linearly in ``log eps`` between the neighbouring candidates; chains that
   accepted no proposal in the window first restart from the draws of moving
@@ -32,7 +34,7 @@ window:
   update with decaying gains; a pooled estimate over hundreds of draws has
   little noise, so root finding on the estimated curve is the direct rule,
   converges in one update when the draws are near stationarity, and costs
-  one transition on the critical path.
+  ``curve_transitions`` transitions on the critical path.
 
 The initial step size is the same curve at the initial positions over a wide
 grid of factors. Far from the typical set (the first windows) the dynamics
@@ -67,6 +69,7 @@ from .metric import mass_matrix_sqrt
 from .newton import DEERSolver
 from .transition import PotentialFn, Transition
 from .warmup_adapt import (
+    CURVE_TRANSITIONS,
     INITIAL_FACTORS,
     chees_per_gradient,
     initial_step_size,
@@ -214,6 +217,7 @@ def parallel_warmup(
     num_curve_points: int = 256,
     num_hessian_points: int = 16,
     num_steps_choices: tuple[int, ...] | None = None,
+    curve_transitions: int = CURVE_TRANSITIONS,
 ) -> ParallelWarmupResult:
     """Adapt step size and metric for ``C`` chains in a few parallel windows.
 
@@ -245,6 +249,9 @@ def parallel_warmup(
             (:func:`~.warmup_window.lockstep_solve`), and finish
             sequentially from the fronts; 0: no such stop.
         num_curve_points: pooled draws the acceptance curve is estimated at.
+        curve_transitions: transitions from each of them (and each initial
+            position) per candidate step size, their mean acceptance the
+            curve (:func:`~.warmup_adapt.acceptance_curve`).
         num_hessian_points: pooled draws of the Hessian metric.
         num_steps_choices: for a transition with leapfrog steps (HMC), the
             candidate ``num_steps``: after each window that estimates the
@@ -301,6 +308,11 @@ def parallel_warmup(
             "non-empty tuple of integers >= 1, for a transition with leapfrog "
             "steps (HMC)."
         )
+    if not (isinstance(curve_transitions, int) and curve_transitions >= 1):
+        raise ValueError(
+            f"parallel_warmup(curve_transitions={curve_transitions!r}): use an "
+            "integer >= 1 (transitions from each point of the step size curve)."
+        )
     dim = x0.shape[1]
     keys = jax.random.split(key, len(schedule.windows) + 1)
     eps = initial_step_size(
@@ -310,12 +322,14 @@ def parallel_warmup(
         np.asarray(step_size, x0.dtype),
         float(target_accept_prob),
         keys[0],
+        curve_transitions,
     )
     g_f = 1 + gradients_per_transition(transition)
-    initial_total = x0.shape[0] * len(INITIAL_FACTORS) * g_f
+    initial_total = x0.shape[0] * len(INITIAL_FACTORS) * g_f * curve_transitions
     inverse_mass = _identity_metric(metric, dim, x0.dtype)
     x, rows, used = x0, [], []
-    extra_critical, extra_total = 0, 0
+    # the initial search, then the trajectory length choices
+    extra_critical, extra_total = curve_transitions * g_f, initial_total
     # with a trajectory length choice the leapfrog count is traced: one
     # program for every count; a fixed count stays a constant
     static = split_leapfrog(transition)[0] if num_steps_choices else transition
@@ -356,6 +370,7 @@ def parallel_warmup(
             np.bool_(index >= schedule.first_metric_window),
             keys[index + 1],
             plan,
+            curve_transitions=curve_transitions,
         )
         rows.append(row)
         eps = eps_next
@@ -372,7 +387,7 @@ def parallel_warmup(
             num_points = min(num_curve_points, pooled)
             extra_total += num_points * sum(n + 1 for n in num_steps_choices)
     windows, critical, total, used, mass_sqrt = _report(
-        rows, inverse_mass, used, g_f + extra_critical, initial_total + extra_total
+        rows, inverse_mass, used, extra_critical, extra_total
     )
     info = WarmupInfo(
         windows=windows,

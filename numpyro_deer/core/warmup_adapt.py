@@ -6,9 +6,9 @@ adapted from the draws of all chains (:func:`spread` picks evenly spaced ones):
 * the metric from the pooled variance or covariance
   (:func:`pooled_inverse_mass`, Stan's and NumPyro's regularisation) or the
   inverse mean Hessian (:func:`hessian_inverse_mass`);
-* the step size where the estimated stationary acceptance curve falls
-  through the target times its plateau (:func:`acceptance_curve`,
-  :func:`choose_step_size`): one transition from each pooled draw at each
+* the step size where the estimated acceptance curve falls through the
+  target times its plateau (:func:`acceptance_curve`,
+  :func:`choose_step_size`): a few transitions from each pooled draw at each
   candidate step size, side by side;
 * chains that accepted nothing in the window restart from another chain's
   draws first (:func:`restart_stuck`).
@@ -36,6 +36,10 @@ def _mean(values: Array, valid: Array | None) -> Array:
     return jnp.sum(jnp.where(keep, values, 0.0), axis=0) / jnp.sum(valid)
 
 
+CURVE_TRANSITIONS = 4
+"""Transitions from each point of an acceptance curve (:func:`acceptance_curve`)."""
+
+
 def acceptance_curve(
     transition: Transition,
     potential_fn: PotentialFn,
@@ -45,23 +49,57 @@ def acceptance_curve(
     factors: Array,
     key: Array,
     valid: Array | None = None,
+    num_transitions: int = CURVE_TRANSITIONS,
 ) -> Array:
-    """Mean acceptance of one transition from ``points`` at ``step_size * f``.
+    r"""Mean acceptance along ``num_transitions`` transitions from ``points``
+    at ``step_size * f``.
 
-    Every candidate factor uses the same tape (common random numbers), so the
-    estimated curve is smooth in the step size. A non-finite proposal counts
-    as a rejection. ``valid`` (``(K,)`` booleans): the points the mean is
-    over (default all). Returns one mean per factor.
+    From every point the kernel at every candidate step size takes
+    ``num_transitions = n`` consecutive transitions on the same tape (common
+    random numbers, so the estimated curve is smooth in the step size); the
+    estimate is the mean acceptance probability over points and transitions,
+
+    .. math::
+
+        \hat a(\epsilon) = \frac{1}{K n} \sum_{k=1}^{K} \sum_{j=1}^{n}
+        \alpha_\epsilon(x_k^{(j-1)}, x_k^{(j)\prime}),
+        \qquad x_k^{(0)} = \text{point}_k ,
+
+    what a window at ``epsilon`` accepts along its chains over its first
+    ``n`` steps from those points. At stationarity every transition has the
+    same mean acceptance, and the path mean estimates the stationary curve
+    as one transition does. Off the typical set (chains still moving towards
+    it, the first windows) it does not: a first transition from there is
+    mostly a large move downhill, which the Metropolis ratio accepts, while
+    where it lands the proposals of the same step size overshoot and are
+    rejected (the transient phase of MALA needs step sizes of smaller order
+    in the dimension than its stationary phase: Christensen, Roberts and
+    Rosenthal, 2005, "Scaling limits for the transient phase of local
+    Metropolis-Hastings algorithms"). One transition's acceptance then
+    overstates what the next window accepts, the step size chosen from it is
+    too large, and the chains hardly move; the path mean sees the rejections
+    after the first move. A non-finite proposal counts as a rejection.
+    ``valid`` (``(K,)`` booleans): the points the mean is over (default
+    all). Costs ``n`` dependent transitions and ``K n`` per factor. Returns
+    one mean per factor.
     """
     num_points, dim = points.shape
-    tape = transition.make_tape(key, num_points, dim, points.dtype)
+    n = num_transitions
+    tape = transition.make_tape(key, num_points * n, dim, points.dtype)
+    tape = jax.tree.map(lambda a: a.reshape((n, num_points) + a.shape[1:]), tape)
     potential_w = whiten(potential_fn, mass_sqrt)
     w = jax.vmap(lambda x: solve_sqrt(mass_sqrt, x))(points)
 
     def mean_accept(factor):
-        step_fn = make_step_fn(transition, potential_w, step_size * factor)
-        prob = jax.vmap(step_fn)(w, tape)[1].accept_prob
-        return _mean(jnp.where(jnp.isfinite(prob), prob, 0.0), valid)
+        step_fn = jax.vmap(make_step_fn(transition, potential_w, step_size * factor))
+
+        def one(w, tape_j):
+            w, info = step_fn(w, tape_j)
+            prob = info.accept_prob
+            return w, jnp.where(jnp.isfinite(prob), prob, 0.0)
+
+        _, prob = jax.lax.scan(one, w, tape)
+        return _mean(jnp.mean(prob, axis=0), valid)
 
     return jax.vmap(mean_accept)(factors)
 
@@ -255,7 +293,7 @@ INITIAL_FACTORS = tuple(2.0 ** (k / 2) for k in range(-32, 9))
 """Step size factors of the initial search (``2^(k/2)``, ``2^-16`` to 16)."""
 
 
-@partial(jax.jit, static_argnums=(0, 1, 4))
+@partial(jax.jit, static_argnums=(0, 1, 4, 6))
 def initial_step_size(
     transition: Transition,
     potential_fn: PotentialFn,
@@ -263,11 +301,14 @@ def initial_step_size(
     step_size: Array,
     target: float,
     key: Array,
+    num_transitions: int = CURVE_TRANSITIONS,
 ) -> Array:
     """The acceptance curve at the initial positions (identity metric) over
-    :data:`INITIAL_FACTORS` of ``step_size``, and its crossing of ``target``."""
+    :data:`INITIAL_FACTORS` of ``step_size``, ``num_transitions`` from each
+    (:func:`acceptance_curve`), and its crossing of ``target``."""
     factors = jnp.asarray(INITIAL_FACTORS, x0.dtype)
     accept = acceptance_curve(
-        transition, potential_fn, x0, step_size, None, factors, key
-    )
+        transition, potential_fn, x0, step_size, None, factors, key, None,
+        num_transitions,
+    )  # fmt: skip
     return choose_step_size(step_size, factors, accept, target)

@@ -23,9 +23,11 @@ path
   iteration cap or at a front stall
   (:func:`~numpyro_deer.core.warmup_window.lockstep_solve`; the stall test
   itself evaluates no gradient);
-* the adaptation after it: ``g_f`` (one transition at every candidate step
-  size from every pooled point, side by side) and, for the Hessian metric,
-  ``2`` (the gradient and its forward derivative at the points).
+* the adaptation after it: ``n g_f`` (``n`` consecutive transitions, the
+  step size curve's ``curve_transitions``, at every candidate step size from
+  every pooled point, the points and candidates side by side) and, for the
+  Hessian metric, ``2`` (the gradient and its forward derivative at the
+  points).
 
 The associative scan adds ``ceil(log2 W)`` cheap levels per iteration,
 counted apart (``scan_levels``). The totals count every chain's own
@@ -188,14 +190,16 @@ def window_costs(
     hessian_points: int,
     metric_estimated: Array | bool,
     adaptation: bool = True,
+    curve_transitions: int = 1,
 ) -> tuple[Array, Array, Array]:
     """``(critical path, total, scan levels)`` of one window and the adaptation
     after it, in gradients (see the module docstring). ``iterations`` and
     ``fallback`` are per chain, ``(C,)`` (the critical path takes their
     maxima: the chains run in lockstep and the fallback starts after the
-    solve); ``curve_evaluations`` is points x candidate step sizes
-    (``adaptation=False``: a window without the adaptation after it, a
-    sampling block); ``hessian_points`` 0 unless the metric is the Hessian
+    solve); ``curve_evaluations`` is points x candidate step sizes, each
+    followed for ``curve_transitions`` transitions (``adaptation=False``: a
+    window without the adaptation after it, a sampling block);
+    ``hessian_points`` 0 unless the metric is the Hessian
     one, counted where ``metric_estimated``. ``num_steps`` may be traced (a
     padded window's length)."""
     g = gradients_per_transition(transition)
@@ -222,6 +226,7 @@ def window_costs(
     if not adaptation:
         return critical, total, jnp.asarray(levels, jnp.int32)
     hessian = jnp.where(metric_estimated, 1, 0) if hessian_points else 0
-    critical = critical + g_f + 2 * hessian
-    total = total + curve_evaluations * g_f + 2 * hessian_points * dim * hessian
+    curve = curve_transitions * g_f
+    critical = critical + curve + 2 * hessian
+    total = total + curve_evaluations * curve + 2 * hessian_points * dim * hessian
     return critical, total, jnp.asarray(levels, jnp.int32)
