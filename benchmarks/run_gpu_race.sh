@@ -115,6 +115,8 @@ esac
 # (race_x/race.json -> race_x.json) and drop the figures
 if [ -n "${OUT:-}" ]; then
     for d in "$out"/race*/; do
-        [ -f "$d/race.json" ] && cp "$d/race.json" "${d%/}.json" && rm -rf "$d"
+        if [ -f "$d/race.json" ]; then
+            cp "$d/race.json" "${d%/}.json" && rm -rf "$d"
+        fi
     done
 fi
