@@ -54,6 +54,21 @@ OPTION_SETS = {
         "xla_gpu_autotune_level": 0,
         "xla_llvm_disable_expensive_passes": True,
     },
+    # the package's option (triton_gemm=off) and the GPU assembler (ptxas)
+    # without optimisation, LLVM without its expensive passes, or both
+    "triton_gemm=off,ptxas=O0": {
+        "xla_gpu_enable_triton_gemm": False,
+        "xla_gpu_disable_gpuasm_optimizations": True,
+    },
+    "triton_gemm=off,cheap_llvm": {
+        "xla_gpu_enable_triton_gemm": False,
+        "xla_llvm_disable_expensive_passes": True,
+    },
+    "triton_gemm=off,ptxas=O0,cheap_llvm": {
+        "xla_gpu_enable_triton_gemm": False,
+        "xla_gpu_disable_gpuasm_optimizations": True,
+        "xla_llvm_disable_expensive_passes": True,
+    },
 }
 
 

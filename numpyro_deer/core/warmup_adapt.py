@@ -25,7 +25,7 @@ from jax import Array
 from .hessian import inverse_abs_mean_hessian
 from .metric import solve_sqrt, whiten
 from .transition import PotentialFn, Transition, make_step_fn
-from .warmup_cost import gradients_per_transition
+from .warmup_cost import CURVE_TRANSITIONS, gradients_per_transition
 
 
 def _mean(values: Array, valid: Array | None) -> Array:
@@ -34,10 +34,6 @@ def _mean(values: Array, valid: Array | None) -> Array:
         return jnp.mean(values, axis=0)
     keep = valid.reshape(valid.shape + (1,) * (values.ndim - 1))
     return jnp.sum(jnp.where(keep, values, 0.0), axis=0) / jnp.sum(valid)
-
-
-CURVE_TRANSITIONS = 4
-"""Transitions from each point of an acceptance curve (:func:`acceptance_curve`)."""
 
 
 def acceptance_curve(

@@ -47,6 +47,10 @@ from jax import Array
 from .jacobian import StochasticDiagonalJacobian
 from .newton import DEERSolver
 
+CURVE_TRANSITIONS = 4
+"""Transitions from each point of a parallel warmup's acceptance curve
+(:func:`~.warmup_adapt.acceptance_curve`), counted by :func:`window_costs`."""
+
 
 class WindowInfo(NamedTuple):
     """One window of a parallel warmup (stacked over windows in
@@ -190,7 +194,7 @@ def window_costs(
     hessian_points: int,
     metric_estimated: Array | bool,
     adaptation: bool = True,
-    curve_transitions: int = 1,
+    curve_transitions: int = CURVE_TRANSITIONS,
 ) -> tuple[Array, Array, Array]:
     """``(critical path, total, scan levels)`` of one window and the adaptation
     after it, in gradients (see the module docstring). ``iterations`` and
