@@ -13,8 +13,10 @@ from benchmarks.models import (
 )
 from numpyro_deer import DEERMALA, MCMC, DEERSolver
 from numpyro_deer.core.metric import mass_matrix_sqrt
+from numpyro_deer.infer import hessian_mass as hessian_mass_module
 from numpyro_deer.infer.hessian_mass import (
     EIGENVALUE_FLOOR,
+    MAX_HESSIAN_CHAIN_WORK,
     MAX_HESSIAN_DIM,
     adapt_mass_sqrt,
     hessian_inverse_mass,
@@ -175,6 +177,25 @@ def test_auto_mass_is_the_hessian_up_to_the_dimension_bound(
 
 
 @pytest.mark.parametrize(
+    ("requested", "dim", "num_chains", "expected"),
+    [
+        # num_chains * dim**3 against MAX_HESSIAN_CHAIN_WORK = 2**32
+        ("auto", 100, 1024, "hessian"),  # 1.0e9
+        ("auto", 100, 4295, True),  # 4.3e9
+        ("auto", 501, 256, True),  # 3.2e10
+        ("auto", 501, 33, "hessian"),  # 4.2e9
+        ("auto", 501, 1, "hessian"),
+        ("hessian", 501, 1024, "hessian"),  # asked for: kept
+    ],
+)
+def test_auto_mass_with_many_chains_is_the_hessian_up_to_the_work_bound(
+    requested, dim, num_chains, expected
+):
+    assert MAX_HESSIAN_CHAIN_WORK == 2**32
+    assert resolve_mass_adaptation(requested, False, dim, num_chains) == expected
+
+
+@pytest.mark.parametrize(
     ("options", "expected", "shape"),
     [
         ({}, "hessian", (5, 5)),
@@ -188,6 +209,22 @@ def test_default_mass_adaptation_is_chosen_at_init(options, expected, shape):
     assert kernel.mass_adaptation == options.get("adapt_mass_matrix", "auto")
     state = kernel.init(jax.random.PRNGKey(0), 10, None, args, kwargs)
     assert kernel.mass_adaptation == expected
+    assert state.adapt_state.inverse_mass_matrix.shape == shape
+
+
+@pytest.mark.parametrize(("num_chains", "expected"), [(3, "hessian"), (4, True)])
+def test_auto_mass_counts_the_vectorized_chains_at_init(
+    monkeypatch, num_chains, expected
+):
+    # 4 chains x 5**3 = 500 > 499 >= 3 x 5**3: the kernel passes the chain
+    # count of its vectorized init to the rule
+    monkeypatch.setattr(hessian_mass_module, "MAX_HESSIAN_CHAIN_WORK", 499)
+    args, kwargs = make_ill_conditioned_gaussian_data(dim=5, condition_number=100.0)
+    kernel = DEERMALA(ill_conditioned_gaussian, block_size=8)
+    keys = jax.random.split(jax.random.PRNGKey(0), num_chains)
+    state = kernel.init(keys, 10, None, args, kwargs)
+    assert kernel.mass_adaptation == expected
+    shape = (num_chains, 5, 5) if expected == "hessian" else (num_chains, 5)
     assert state.adapt_state.inverse_mass_matrix.shape == shape
 
 

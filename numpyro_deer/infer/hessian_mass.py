@@ -50,19 +50,36 @@ Hessian-vector products (at most 4,096, see
 eigendecomposition per use, and a ``D x D`` product per gradient."""
 
 
+MAX_HESSIAN_CHAIN_WORK = 2**32
+"""Largest ``num_chains * D**3`` for which ``adapt_mass_matrix="auto"`` uses
+the mean Hessian with vectorized chains: every chain takes its own Hessian
+and ``D x D`` eigendecomposition at each window end, which a GPU computes one
+chain after another. Measured on an H100 (``docs/performance.md``): item
+response theory (``D = 501``) with 256 chains (``3.2e10``) reached error
+0.01 in 22 s with the Hessian and 9.5 s with NumPyro's diagonal estimate,
+with 1,024 chains not within 45 s; ``D = 100`` with 1,024 chains (``1e9``)
+keeps the Hessian, which the Inference Gym's ill-conditioned Gaussian needs
+(5.1 s, the diagonal estimate not within 12 s)."""
+
+
 def resolve_mass_adaptation(
-    adapt_mass_matrix: bool | str, dense_mass: bool, dim: int
+    adapt_mass_matrix: bool | str, dense_mass: bool, dim: int, num_chains: int = 1
 ) -> bool | str:
     """``adapt_mass_matrix="auto"`` as ``"hessian"`` or ``True``.
 
     ``"auto"`` is the Hessian mass up to :data:`MAX_HESSIAN_DIM` latent
-    dimensions unless a dense sample covariance was asked for
+    dimensions and ``num_chains * dim**3`` up to
+    :data:`MAX_HESSIAN_CHAIN_WORK` (``num_chains``: the vectorized chains one
+    program computes) unless a dense sample covariance was asked for
     (``dense_mass=True``), NumPyro's windowed estimate otherwise. Any other
     value is returned as it is.
     """
     if adapt_mass_matrix != "auto":
         return adapt_mass_matrix
-    return "hessian" if not dense_mass and dim <= MAX_HESSIAN_DIM else True
+    affordable = num_chains * dim**3 <= MAX_HESSIAN_CHAIN_WORK
+    return (
+        "hessian" if not dense_mass and dim <= MAX_HESSIAN_DIM and affordable else True
+    )
 
 
 def hessian_inverse_mass(

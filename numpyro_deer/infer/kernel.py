@@ -335,7 +335,7 @@ class DEERKernel(MCMCKernel):
             num_warmup=num_warmup,
             block_size=block_size,
             mass_adaptation=resolve_mass_adaptation(
-                s.adapt_mass_matrix, s.dense_mass, flat.size
+                s.adapt_mass_matrix, s.dense_mass, flat.size, num_chains or 1
             ),
             latent=compile_cache.latent_signature(values, batched),
             method=self.method_chosen,
