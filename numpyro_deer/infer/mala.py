@@ -61,9 +61,10 @@ class DEERMALA(DEERKernel):
             matrix ``D^2`` per step. ``True``: windowed Welford estimates of
             the draws' covariance (NumPyro's scheme; diagonal unless
             ``dense_mass``). ``False``: the identity. ``"auto"`` (the default):
-            ``"hessian"`` up to ``D = 512`` latent dimensions unless
-            ``dense_mass=True``, ``True`` otherwise; the choice made is
-            :attr:`mass_adaptation` after ``init``.
+            ``"hessian"`` up to ``D = 512`` latent dimensions and, with
+            ``C`` vectorized chains, ``C D^3 <= 2^32`` (each chain decomposes
+            its own Hessian), unless ``dense_mass=True``; ``True`` otherwise.
+            The choice made is :attr:`mass_adaptation` after ``init``.
         dense_mass: with ``adapt_mass_matrix=True``, a dense rather than
             diagonal sample covariance (and ``"auto"`` then means ``True``).
         target_accept_prob: acceptance rate the step size is adapted to.
