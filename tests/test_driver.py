@@ -62,6 +62,31 @@ def test_same_draws_as_stock_mcmc(stock_run):
         np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-12)
 
 
+@pytest.mark.parametrize("collect_warmup", [True, False])
+def test_warmup_draws_are_collected_as_stock_mcmc_collects_them(collect_warmup):
+    # the warmup loop postprocesses and collects states only where a warmup
+    # step falls in the collection (LoopSettings.collect_warmup)
+    args, kwargs = gaussian_data(2.0)
+
+    def warmup(cls):
+        kernel = DEERMALA(gaussian_mean_model, block_size=16, method="sequential")
+        mcmc = cls(kernel, num_warmup=40, num_samples=8, thinning=3, progress_bar=False)
+        mcmc.warmup(
+            jax.random.PRNGKey(3), *args, collect_warmup=collect_warmup, **kwargs
+        )
+        return mcmc
+
+    ours, theirs = warmup(MCMC), warmup(StockMCMC)
+    np.testing.assert_allclose(
+        ours.last_state.z["mu"], theirs.last_state.z["mu"], rtol=1e-10
+    )
+    if collect_warmup:
+        assert ours.get_samples()["mu"].shape == (13,)
+        np.testing.assert_allclose(
+            ours.get_samples()["mu"], theirs.get_samples()["mu"], rtol=1e-10
+        )
+
+
 @pytest.fixture(scope="module")
 def warm_driver():
     args, kwargs = gaussian_data(2.0)

@@ -205,6 +205,7 @@ class MCMC(numpyro.infer.MCMC):
             thinning,
             static,
             self.postprocess_fn,
+            collect_warmup=start_idx < n_warmup,
         )
 
         def fns(method, chain_group=None):

@@ -66,6 +66,10 @@ class LoopSettings(NamedTuple):
             (:func:`~numpyro_deer.infer.compile_cache.split_model_args`).
         postprocess_fn: the ``MCMC`` object's own ``postprocess_fn``, or
             ``None`` for the kernel's.
+        collect_warmup: whether a warmup step falls in the collection
+            (NumPyro's ``collect_warmup``); without, the warmup loop
+            postprocesses no state (the model's deterministic sites are
+            computed for collected draws only).
     """
 
     collect_fields: tuple
@@ -75,6 +79,7 @@ class LoopSettings(NamedTuple):
     thinning: int
     static: Any
     postprocess_fn: Callable | None
+    collect_warmup: bool = True
 
 
 class LoopFns(NamedTuple):
@@ -184,9 +189,11 @@ class _Traced(NamedTuple):
         def body(n, carry):
             state, collection, trace = carry
             state = self.program.warmup(state, args, kwargs, s.batched, ends)
+            trace = trace.at[n].set(state.potential_energy, mode="drop")
+            if not s.collect_warmup:
+                return state, collection, trace
             slot = collection_slots(n, start_idx, s.thinning, True, s.size)
             value = jax.tree.map(lambda x: x[None], self.collected(state, args, kwargs))
-            trace = trace.at[n].set(state.potential_energy, mode="drop")
             return state, scatter(collection, slot[None], value), trace
 
         return jax.lax.fori_loop(n0, n1, body, (state, collection, trace))
