@@ -55,12 +55,13 @@ MAX_HESSIAN_CHAIN_WORK = 2**32
 the mean Hessian with vectorized chains: every chain takes its own Hessian
 and ``D x D`` eigendecomposition at each window end, which JAX's GPU
 ``eigh`` computes one chain after another above ``D = 32`` (cuSOLVER's
-``syevd`` per matrix; batched Jacobi only up to 32). Measured on an H100 (``docs/performance.md``): item
-response theory (``D = 501``) with 256 chains (``3.2e10``) reached error
-0.01 in 22 s with the Hessian and 9.5 s with NumPyro's diagonal estimate,
-with 1,024 chains not within 45 s; ``D = 100`` with 1,024 chains (``1e9``)
-keeps the Hessian, which the Inference Gym's ill-conditioned Gaussian needs
-(5.1 s, the diagonal estimate not within 12 s)."""
+``syevd`` per matrix; batched Jacobi only up to 32). Measured on an H100
+(``docs/performance.md``): item response theory (``D = 501``) with 256
+chains (``3.2e10``) reached error 0.01 in 22 s with the Hessian and 9.5 s
+with NumPyro's diagonal estimate, with 1,024 chains not within 45 s;
+``D = 100`` with 1,024 chains (``1e9``) keeps the Hessian, which the
+Inference Gym's ill-conditioned Gaussian needs (5.1 s, the diagonal
+estimate not within 12 s)."""
 
 
 def resolve_mass_adaptation(
