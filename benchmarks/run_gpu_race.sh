@@ -14,6 +14,10 @@
 #                                           # NUTS on the CPU cores, TARGETS
 #   bash benchmarks/run_gpu_race.sh sweeps  # paper.py's banana by sweep
 #   bash benchmarks/run_gpu_race.sh irt     # item response theory by metric
+#   TARGETS="..." bash benchmarks/run_gpu_race.sh metric  # DEERHMC's default
+#                                           # metric ("auto": the Hessian up to
+#                                           # num_chains * D**3 = 2**32) and
+#                                           # the diagonal one, NUTS on the CPU
 #   bash benchmarks/run_gpu_race.sh many    # many_chains.py: chain counts,
 #                                           # stragglers, D=100 x 256 chains
 #   bash benchmarks/run_gpu_race.sh one_call # first_run_phases.py --one-call:
@@ -80,6 +84,14 @@ irt)
     timeout 100 python3 benchmarks/race.py --platform cpu --quick --targets gym_synthetic_irt --samplers nuts_diag:16 --budget-seconds 20 --grace-seconds 30 --out "$out/race_cpu_nuts_irt"
     timeout 200 python3 benchmarks/race.py --platform gpu --quick --targets gym_synthetic_irt --samplers hmc_seq:256,1024 deerhmc_auto:1024 --budget-seconds 20 --grace-seconds 40 --out "$out/race_gpu_irt"
     timeout 200 python3 benchmarks/race.py --platform gpu --quick --deer-mass true --targets gym_synthetic_irt --samplers hmc_seq:256,1024 --budget-seconds 20 --grace-seconds 40 --out "$out/race_gpu_irt_diag"
+    ;;
+metric)
+    # the default metric with many chains against the diagonal one (and NUTS
+    # with a chain per CPU core), on TARGETS
+    targets="${TARGETS:-gym_eight_schools gym_synthetic_irt gym_ill_conditioned_gaussian logistic_regression_large}"
+    timeout 150 python3 benchmarks/race.py --platform cpu --quick --targets $targets --samplers nuts_diag:16 --budget-seconds "${BUDGET:-10}" --grace-seconds 20 --out "$out/race_cpu_nuts_metric"
+    timeout 200 python3 benchmarks/race.py --platform gpu --quick --targets $targets --samplers ${SAMPLERS:-deerhmc_auto:256,1024} --budget-seconds "${BUDGET:-10}" --grace-seconds 20 --out "$out/race_gpu_auto_metric"
+    timeout 200 python3 benchmarks/race.py --platform gpu --quick --deer-mass true --targets $targets --samplers ${SAMPLERS:-deerhmc_auto:256,1024} --budget-seconds "${BUDGET:-10}" --grace-seconds 20 --out "$out/race_gpu_auto_diag"
     ;;
 phases)
     # where a first call waits, then the race rows whose first segment holds
