@@ -87,11 +87,12 @@ irt)
     ;;
 metric)
     # the default metric with many chains against the diagonal one (and NUTS
-    # with a chain per CPU core), on TARGETS
-    targets="${TARGETS:-gym_eight_schools gym_synthetic_irt gym_ill_conditioned_gaussian logistic_regression_large}"
-    timeout 150 python3 benchmarks/race.py --platform cpu --quick --targets $targets --samplers nuts_diag:16 --budget-seconds "${BUDGET:-10}" --grace-seconds 20 --out "$out/race_cpu_nuts_metric"
-    timeout 200 python3 benchmarks/race.py --platform gpu --quick --targets $targets --samplers ${SAMPLERS:-deerhmc_auto:256,1024} --budget-seconds "${BUDGET:-10}" --grace-seconds 20 --out "$out/race_gpu_auto_metric"
-    timeout 200 python3 benchmarks/race.py --platform gpu --quick --deer-mass true --targets $targets --samplers ${SAMPLERS:-deerhmc_auto:256,1024} --budget-seconds "${BUDGET:-10}" --grace-seconds 20 --out "$out/race_gpu_auto_diag"
+    # with a chain per CPU core), on TARGETS; about 9 minutes as it stands
+    targets="${TARGETS:-gym_eight_schools gym_synthetic_irt gym_ill_conditioned_gaussian}"
+    budget="${BUDGET:-12}"
+    timeout 120 python3 benchmarks/race.py --platform cpu --quick --targets $targets --samplers nuts_diag:16 --budget-seconds "$budget" --grace-seconds 15 --out "$out/race_cpu_nuts_metric"
+    timeout 220 python3 benchmarks/race.py --platform gpu --quick --targets $targets --samplers ${SAMPLERS:-deerhmc_auto:256,1024} --budget-seconds "$budget" --grace-seconds 15 --out "$out/race_gpu_auto_metric"
+    timeout 220 python3 benchmarks/race.py --platform gpu --quick --deer-mass true --targets $targets --samplers ${SAMPLERS:-deerhmc_auto:256,1024} --budget-seconds "$budget" --grace-seconds 15 --out "$out/race_gpu_auto_diag"
     ;;
 phases)
     # where a first call waits, then the race rows whose first segment holds
