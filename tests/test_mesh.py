@@ -56,6 +56,7 @@ from numpyro_deer import (
     StochasticDiagonalJacobian,
 )
 from numpyro_deer.core import time_mesh
+from numpyro_deer.infer.host_run import placed
 from numpyro_deer.infer.memory import check_block_memory
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -375,3 +376,15 @@ def test_fitted_blocks_compile_key_and_pickle_keep_the_mesh(runs, mesh):
     assert other.program.block_size == 28 and other.block_size == BLOCK
     copy = pickle.loads(pickle.dumps(sharded))
     assert copy.mesh == mesh and copy.compile_key() is None
+
+
+def test_placed_moves_arguments_and_leaves_unused_ones():
+    # the host run's placement of a program's arguments over a mesh (the
+    # multi-process case, a replicated counter taken on one device, is the
+    # slow two-process test above)
+    x = jnp.arange(3.0)
+    assert placed(x, None) is x
+    device = jax.devices()[-1]
+    moved = placed(x, jax.sharding.SingleDeviceSharding(device))
+    assert moved.devices() == {device}
+    np.testing.assert_array_equal(moved, x)

@@ -100,8 +100,27 @@ class Programs:
     def __call__(self, name: str, *args):
         program = self.get(name, args)
         if self._placed:
-            args = jax.device_put(args, program.input_shardings[0])
+            leaves, treedef = jax.tree.flatten(args)
+            shardings = treedef.flatten_up_to(program.input_shardings[0])
+            args = treedef.unflatten(map(placed, leaves, shardings))
         return program(*args)
+
+
+def placed(x, sharding):
+    """``x`` where a compiled program expects it. A value replicated over the
+    processes of a multi-process mesh (a loop counter a program returned)
+    that the program takes on one device goes through the host: each process
+    holds all of it, and ``jax.device_put`` cannot move an array that is not
+    fully addressable to one device."""
+    if sharding is None:  # an argument the program does not use
+        return x
+    if (
+        isinstance(x, jax.Array)
+        and len(sharding.device_set) == 1
+        and not x.is_fully_addressable
+    ):
+        x = np.asarray(x)  # fully replicated: this process's copy
+    return jax.device_put(x, sharding)
 
 
 def program_in_groups(run: HostRun, name: str, group: int):
