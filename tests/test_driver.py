@@ -87,6 +87,58 @@ def test_warmup_draws_are_collected_as_stock_mcmc_collects_them(collect_warmup):
         )
 
 
+@pytest.mark.parametrize("processes", [1, 2])
+def test_warmup_chunks_follow_the_clock_in_one_process_only(monkeypatch, processes):
+    # over several processes every process must pass the same loop counters:
+    # the warmup's chunks may not depend on its own clock, nor may
+    # method="auto" choose from it
+    from numpyro_deer.infer import host_run
+
+    monkeypatch.setattr(jax, "process_count", lambda: processes)
+    args, kwargs = gaussian_data(2.0)
+
+    def chunks(tick):
+        clock = iter(range(0, 10**6, tick))
+        monkeypatch.setattr(host_run.time, "perf_counter", lambda: next(clock))
+        seen = []
+        call = host_run.Programs.__call__
+
+        def spy(self, name, *a):
+            if name == "warmup":
+                seen.append((int(a[3]), int(a[4])))
+            return call(self, name, *a)
+
+        monkeypatch.setattr(host_run.Programs, "__call__", spy)
+        kernel = DEERMALA(gaussian_mean_model, block_size=16)
+        MCMC(kernel, num_warmup=200, num_samples=16, progress_bar=False).run(
+            jax.random.PRNGKey(0), *args, **kwargs
+        )
+        monkeypatch.setattr(host_run.Programs, "__call__", call)
+        return seen
+
+    fast = chunks(1)  # a second per chunk: 4x growth either way
+    slow = chunks(1000)  # 1,000 s per chunk: one step per chunk if timed
+    assert fast[-1][1] == slow[-1][1] == 200
+    assert (fast == slow) == (processes > 1)
+
+
+@pytest.mark.parametrize("processes", [1, 2])
+def test_auto_measures_the_methods_in_one_process_only(monkeypatch, processes):
+    from numpyro_deer.infer import driver
+    from numpyro_deer.infer.method import MethodChoice
+
+    # an accelerator's rule (DEER, not measured), on the CPU
+    rule = MethodChoice("deer", "accelerator: DEER (not measured)", {})
+    monkeypatch.setattr(driver, "device_choice", lambda: rule)
+    monkeypatch.setattr(jax, "process_count", lambda: processes)
+    args, kwargs = gaussian_data(2.0)
+    kernel = DEERMALA(gaussian_mean_model, block_size=16)
+    MCMC(kernel, num_warmup=20, num_samples=64, progress_bar=False).run(
+        jax.random.PRNGKey(0), *args, **kwargs
+    )
+    assert (kernel.method_choice == rule) == (processes > 1)
+
+
 @pytest.fixture(scope="module")
 def warm_driver():
     args, kwargs = gaussian_data(2.0)

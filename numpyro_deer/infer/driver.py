@@ -297,12 +297,11 @@ class MCMC(numpyro.infer.MCMC):
         return first, max(0, min(upper, self.num_warmup - first))
 
     def _method_to_choose(self, state, total: int, batched: bool, traced: bool):
-        """Whether this run measures which method is faster (``method="auto"``).
-
-        Only on an accelerator, until a run has measured both methods, when
-        the first block step solves a whole block. Otherwise an ``"auto"``
-        kernel without a choice takes the device's rule (a provisional
-        choice is kept)."""
+        """Whether this run measures which method is faster (``method="auto"``):
+        on an accelerator, in one process (each would go by its own clock),
+        until a run measured both, when the first block step solves a whole
+        block. Else an ``"auto"`` kernel without a choice takes the device's
+        rule (a provisional choice is kept)."""
         kernel = self.sampler
         if kernel.method != "auto":
             return False
@@ -314,6 +313,7 @@ class MCMC(numpyro.infer.MCMC):
         if (
             choice.method == "sequential"
             or traced
+            or jax.process_count() > 1
             or total < size
             # a fresh state (still to compute, see _initial_state) needs one
             or not (

@@ -237,8 +237,12 @@ def initial_state(programs: Programs, run: HostRun):
 
 def run_warmup(programs: Programs, progress: Progress, carry, run: HostRun):
     """The warmup steps in chunks, and the window ends at the plan's stops;
-    ``carry`` is ``(state, collection, trace)``, returned advanced."""
+    ``carry`` is ``(state, collection, trace)``, returned advanced. Chunks
+    are sized by the last chunk's time (:func:`~.progress.next_chunk`), over
+    several processes without it (fourfold growth): every process must pass
+    the same counters."""
     plan, dynamic = run.plan, run.dynamic
+    timed = jax.process_count() == 1
     programs.get("warmup")
     progress.running("warmup")
     done, last, seconds = 0, 0, 0.0
@@ -250,7 +254,7 @@ def run_warmup(programs: Programs, progress: Progress, carry, run: HostRun):
             "warmup", *carry, i32(done), i32(done + chunk), run.start, dynamic
         )
         postfix = warmup_postfix(carry[0])  # waits for the chunk
-        seconds, last = time.perf_counter() - tic, chunk
+        seconds, last = (time.perf_counter() - tic) * timed, chunk
         done += chunk
         if done in plan.stops:
             state, finite = programs("window_end", carry[0], dynamic)
