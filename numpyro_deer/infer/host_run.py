@@ -254,7 +254,9 @@ def run_warmup(programs: Programs, progress: Progress, carry, run: HostRun):
             "warmup", *carry, i32(done), i32(done + chunk), run.start, dynamic
         )
         postfix = warmup_postfix(carry[0])  # waits for the chunk
-        seconds, last = (time.perf_counter() - tic) * timed, chunk
+        # untimed (0 s): next_chunk grows the chunk fourfold
+        seconds = time.perf_counter() - tic if timed else 0.0
+        last = chunk
         done += chunk
         if done in plan.stops:
             state, finite = programs("window_end", carry[0], dynamic)
