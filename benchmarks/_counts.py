@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from numpyro_deer.core.warmup_cost import solve_costs, tangent_directions
-from numpyro_deer.infer.refill import auto_solve_basis
+from numpyro_deer.infer.hessian_mass import auto_solve_basis
 
 
 @dataclass(frozen=True)
@@ -160,7 +160,7 @@ def deer_kernel_blocks(kernel, iterations, fronts, dim: int, lockstep=True) -> C
         return sequential(chains, blocks * block_size, cost.carried, 0) + (
             sequential(chains, blocks, 1)  # the gradient at each block's start
         )
-    solver = kernel.solver
+    solver = kernel.program.settings.solver  # "auto" resolved for the run's chains
     basis = solver.solve_basis
     if basis == "auto":
         basis = auto_solve_basis(solver, dim)

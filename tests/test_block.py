@@ -9,7 +9,7 @@ from numpyro_deer import DEERMALA, MCMC, DEERSolver
 from numpyro_deer.core import MALA, curvature_basis, make_tape, sequential_chain
 from numpyro_deer.core.hessian import ALL_COLUMNS_DIM, COLUMN_BATCH, mean_hessian
 from numpyro_deer.infer.block import block_points, record_warmup_draw
-from numpyro_deer.infer.refill import auto_solve_basis
+from numpyro_deer.infer.hessian_mass import auto_solve_basis
 
 
 def _gaussian_potential(precision):
@@ -114,6 +114,19 @@ def test_auto_solve_basis_is_whitened_for_a_dense_jacobian(jacobian, dim, basis)
     # Newton's iterates with the dense Jacobian do not depend on the basis:
     # no Hessian (nor pilot) is computed for them
     assert auto_solve_basis(DEERSolver(jacobian=jacobian), dim) == basis
+
+
+@pytest.mark.parametrize(
+    "dim, num_chains, basis",
+    [(100, 1024, "hessian"), (100, 4295, "whitened"), (501, 33, "hessian"),
+     (501, 256, "whitened")],
+)  # fmt: skip
+def test_auto_solve_basis_with_many_chains_follows_the_metrics_bound(
+    dim, num_chains, basis
+):
+    # num_chains * dim**3 against MAX_HESSIAN_CHAIN_WORK = 2**32, as
+    # adapt_mass_matrix="auto": a Hessian and eigendecomposition per chain
+    assert auto_solve_basis(DEERSolver(), dim, num_chains) == basis
 
 
 def test_first_block_without_warmup_takes_its_basis_from_a_pilot():

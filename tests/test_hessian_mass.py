@@ -226,6 +226,10 @@ def test_auto_mass_counts_the_vectorized_chains_at_init(
     assert kernel.mass_adaptation == expected
     shape = (num_chains, 5, 5) if expected == "hessian" else (num_chains, 5)
     assert state.adapt_state.inverse_mass_matrix.shape == shape
+    # the DEER blocks' solve_basis="auto" follows the same bound
+    basis = "hessian" if expected == "hessian" else "whitened"
+    assert kernel.solver.solve_basis == "auto"
+    assert kernel.program.settings.solver.solve_basis == basis
 
 
 @pytest.mark.parametrize("num_warmup", [10, 60, 150, 500])

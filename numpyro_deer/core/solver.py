@@ -50,9 +50,10 @@ class DEERSolver:
             inverse mass matrix), ``"hessian"`` (``w`` rotated to the
             eigenvectors of the potential's Hessian averaged over 16 draws,
             where a step's Jacobian ``I - eps H`` is nearly diagonal) or
-            ``"auto"``: ``"hessian"`` up to 512 latent dimensions, unless the
-            Jacobian is dense (Newton's iterates do not depend on the basis
-            then). The chain is the same in either basis.
+            ``"auto"``: ``"hessian"`` up to 512 latent dimensions (with ``C``
+            vectorized chains up to ``C D**3 = 2**32``), unless the Jacobian
+            is dense (Newton's iterates do not depend on the basis then).
+            The chain is the same in either basis.
         atol, rtol: a step passes when ``|s_t - f_t(s_{t-1})| <= atol +
             rtol |f_t(s_{t-1})|`` in every coordinate. ``None`` picks a default
             from the dtype: ``(1e-5, 1e-4)`` in float32, ``(1e-10, 1e-8)`` in

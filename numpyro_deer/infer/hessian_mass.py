@@ -29,6 +29,7 @@ restart in the new metric exactly as NumPyro does after its own update
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
@@ -41,6 +42,7 @@ from ..core.certificate import tree_where
 from ..core.hessian import EIGENVALUE_FLOOR as EIGENVALUE_FLOOR
 from ..core.hessian import inverse_abs_mean_hessian
 from ..core.metric import mass_matrix_sqrt
+from ..core.newton import DEERSolver
 
 MAX_HESSIAN_DIM = 512
 """Largest latent dimension for which the ``"auto"`` settings use the mean
@@ -51,9 +53,10 @@ eigendecomposition per use, and a ``D x D`` product per gradient."""
 
 
 MAX_HESSIAN_CHAIN_WORK = 2**32
-"""Largest ``num_chains * D**3`` for which ``adapt_mass_matrix="auto"`` uses
-the mean Hessian with vectorized chains: every chain takes its own Hessian
-and ``D x D`` eigendecomposition at each window end, which JAX's GPU
+"""Largest ``num_chains * D**3`` for which the ``"auto"`` settings
+(``adapt_mass_matrix`` and ``solve_basis``) use the mean Hessian with
+vectorized chains: every chain takes its own Hessian and ``D x D``
+eigendecomposition at each window end (and each DEER block), which JAX's GPU
 ``eigh`` computes one chain after another above ``D = 32`` (cuSOLVER's
 ``syevd`` per matrix; batched Jacobi only up to 32). Measured on an H100
 (``docs/performance.md``): item response theory (``D = 501``) with 256
@@ -64,23 +67,53 @@ Inference Gym's ill-conditioned Gaussian needs (5.1 s, the diagonal
 estimate not within 12 s)."""
 
 
+def hessian_affordable(dim: int, num_chains: int = 1) -> bool:
+    """Whether the ``"auto"`` settings take the mean Hessian for
+    ``num_chains`` vectorized chains (one program) of ``dim`` latent
+    dimensions: ``dim`` up to :data:`MAX_HESSIAN_DIM` and ``num_chains *
+    dim**3`` up to :data:`MAX_HESSIAN_CHAIN_WORK`."""
+    return dim <= MAX_HESSIAN_DIM and num_chains * dim**3 <= MAX_HESSIAN_CHAIN_WORK
+
+
 def resolve_mass_adaptation(
     adapt_mass_matrix: bool | str, dense_mass: bool, dim: int, num_chains: int = 1
 ) -> bool | str:
     """``adapt_mass_matrix="auto"`` as ``"hessian"`` or ``True``.
 
-    ``"auto"`` is the Hessian mass up to :data:`MAX_HESSIAN_DIM` latent
-    dimensions and ``num_chains * dim**3`` up to
-    :data:`MAX_HESSIAN_CHAIN_WORK` (``num_chains``: the vectorized chains one
-    program computes) unless a dense sample covariance was asked for
-    (``dense_mass=True``), NumPyro's windowed estimate otherwise. Any other
-    value is returned as it is.
+    ``"auto"`` is the Hessian mass where :func:`hessian_affordable` (``dim``
+    and ``num_chains``, the vectorized chains one program computes) unless a
+    dense sample covariance was asked for (``dense_mass=True``), NumPyro's
+    windowed estimate otherwise. Any other value is returned as it is.
     """
     if adapt_mass_matrix != "auto":
         return adapt_mass_matrix
-    affordable = num_chains * dim**3 <= MAX_HESSIAN_CHAIN_WORK
+    return "hessian" if not dense_mass and hessian_affordable(dim, num_chains) else True
+
+
+def auto_solve_basis(solver: DEERSolver, dim: int, num_chains: int = 1) -> str:
+    """``solve_basis="auto"`` for ``num_chains`` vectorized chains of ``dim``
+    dimensions: the Hessian's eigenbasis where
+    :func:`hessian_affordable`, where a diagonal Jacobian
+    misses less there; the whitened coordinates for a dense Jacobian
+    (Newton's iterates do not depend on the basis, so the Hessian and the
+    pilot would be work and compile time spent for nothing) and beyond the
+    bound (every chain would take its own Hessian and eigendecomposition per
+    block)."""
+    dense = solver.jacobian_for(dim).structure == "dense"
     return (
-        "hessian" if not dense_mass and dim <= MAX_HESSIAN_DIM and affordable else True
+        "hessian" if hessian_affordable(dim, num_chains) and not dense else "whitened"
+    )
+
+
+def resolve_solve_basis(
+    solver: DEERSolver, dim: int, num_chains: int = 1
+) -> DEERSolver:
+    """``solver`` with ``solve_basis="auto"`` replaced by
+    :func:`auto_solve_basis`'s choice; any other basis as it is."""
+    if solver.solve_basis != "auto":
+        return solver
+    return dataclasses.replace(
+        solver, solve_basis=auto_solve_basis(solver, dim, num_chains)
     )
 
 

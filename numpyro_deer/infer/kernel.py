@@ -15,6 +15,7 @@ block kernel is declared in :mod:`numpyro_deer.infer.protocol`.
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 from collections.abc import Callable
 from functools import partial
@@ -32,7 +33,7 @@ from ..core.transition import Transition
 from . import compile_cache
 from .chains import float_params, has_chain_axis, latent_layout
 from .checks import UnsupportedModelError, non_finite_sites_message
-from .hessian_mass import resolve_mass_adaptation
+from .hessian_mass import resolve_mass_adaptation, resolve_solve_basis
 from .initial import find_initial_params, initialize
 from .memory import check_buffer_memory
 from .mesh import MESH_CHOICE, check_chains, check_mesh, fit_to_mesh
@@ -326,7 +327,9 @@ class DEERKernel(MCMCKernel):
             multiple=self.block_multiple,
         )
         program = BlockProgram(
-            settings=s,
+            settings=dataclasses.replace(
+                s, solver=resolve_solve_basis(s.solver, flat.size, num_chains or 1)
+            ),
             model=self._model,
             potential_fn=self._potential_fn,
             potential_fn_gen=None if setup is None else setup.potential_fn_gen,

@@ -47,7 +47,7 @@ from .block import (
     pilot_points,
 )
 from .chains import map_groups
-from .hessian_mass import MAX_HESSIAN_DIM, adapt_mass_sqrt
+from .hessian_mass import adapt_mass_sqrt, auto_solve_basis
 from .mesh import TimeMesh
 
 
@@ -144,16 +144,6 @@ def block_problem(
         init,
         first_iteration,
     )
-
-
-def auto_solve_basis(solver: DEERSolver, dim: int) -> str:
-    """``solve_basis="auto"`` for states of ``dim`` dimensions: the Hessian's
-    eigenbasis up to :data:`~.hessian_mass.MAX_HESSIAN_DIM`, where a diagonal
-    Jacobian misses less there; the whitened coordinates for a dense Jacobian
-    (Newton's iterates do not depend on the basis, so the Hessian and the
-    pilot would be work and compile time spent for nothing) and above."""
-    dense = solver.jacobian_for(dim).structure == "dense"
-    return "hessian" if dim <= MAX_HESSIAN_DIM and not dense else "whitened"
 
 
 def block_steps(
