@@ -69,6 +69,14 @@ OPTION_SETS = {
         "xla_gpu_disable_gpuasm_optimizations": True,
         "xla_llvm_disable_expensive_passes": True,
     },
+    # any backend: LLVM's optimisation level, its expensive passes
+    "O0": {"xla_backend_optimization_level": 0},
+    "O1": {"xla_backend_optimization_level": 1},
+    "cheap_llvm": {"xla_llvm_disable_expensive_passes": True},
+    "O1,cheap_llvm": {
+        "xla_backend_optimization_level": 1,
+        "xla_llvm_disable_expensive_passes": True,
+    },
 }
 
 

@@ -111,15 +111,24 @@ def _options_model(y, sigma):
     gaussian_mean_model(y, sigma)
 
 
-def test_compiler_options_on_gpu_only_unless_the_user_sets_the_flag(monkeypatch):
+def test_compiler_options_by_backend_unless_the_user_sets_the_flag(monkeypatch):
+    options = compile_cache.compiler_options
     monkeypatch.delenv("XLA_FLAGS", raising=False)
     monkeypatch.setattr(compile_cache.jax, "default_backend", lambda: "gpu")
-    assert compile_cache.compiler_options() == {compile_cache.TRITON_GEMM: False}
+    for briefly in (False, True):
+        assert options(briefly) == {compile_cache.TRITON_GEMM: False}
     monkeypatch.setenv("XLA_FLAGS", "--xla_gpu_enable_triton_gemm=true")
-    assert compile_cache.compiler_options() is None
+    assert options() is None
     monkeypatch.delenv("XLA_FLAGS")
+    # on a CPU only the programs that run briefly skip LLVM's optimisation
     monkeypatch.setattr(compile_cache.jax, "default_backend", lambda: "cpu")
-    assert compile_cache.compiler_options() is None
+    assert options() is None
+    assert options(runs_briefly=True) == {compile_cache.OPT_LEVEL: 0}
+    monkeypatch.setenv("XLA_FLAGS", "--xla_backend_optimization_level=3")
+    assert options(runs_briefly=True) is None
+    monkeypatch.delenv("XLA_FLAGS")
+    monkeypatch.setattr(compile_cache.jax, "default_backend", lambda: "tpu")
+    assert options(runs_briefly=True) is None
 
 
 def test_programs_compile_with_the_options_and_once(first, monkeypatch):
@@ -129,21 +138,27 @@ def test_programs_compile_with_the_options_and_once(first, monkeypatch):
     built = []
     jit = compile_cache.jit
 
-    def recording_jit(fun, **kwargs):
-        built.append(fun.__name__)
-        return jit(fun, **kwargs)
+    def recording_jit(fun, runs_briefly=False, **kwargs):
+        built.append((fun.__name__, runs_briefly))
+        return jit(fun, runs_briefly, **kwargs)
 
     monkeypatch.setattr(compile_cache, "jit", recording_jit)
-    monkeypatch.setattr(compile_cache, "compiler_options", lambda: {"no_such": 1})
+    monkeypatch.setattr(
+        compile_cache, "compiler_options", lambda _=False: {"no_such": 1}
+    )
     with pytest.raises(Exception, match="no_such"):
         compile_cache.jit(lambda x: x + 1)(1.0)
     # the GPU's options (ignored by the CPU): the same draws, and a second
     # MCMC object compiles nothing (options given to jax.jit, not to each
     # compile, keep JAX's cache of the compiled program)
     options = {compile_cache.TRITON_GEMM: False}
-    monkeypatch.setattr(compile_cache, "compiler_options", lambda: options)
+    monkeypatch.setattr(compile_cache, "compiler_options", lambda _=False: options)
     draws, compiled = _run(model=_options_model)
-    assert {"init_one", "warmup_loop", "block_step"} <= set(built)
+    names = {name for name, _ in built}
+    assert {"init_one", "step_size", "warmup_loop", "block_step"} <= names
+    # the initial state and the step size search run briefly; the loops do not
+    briefly = {name for name, short in built if short}
+    assert briefly == {"init_one", "step_size"}
     assert any("block_step" in n for n in compiled)
     np.testing.assert_array_equal(draws, first[0])
     _, again = _run(model=_options_model)

@@ -147,8 +147,12 @@ def latent_signature(params, batched: bool = False) -> tuple:
 TRITON_GEMM = "xla_gpu_enable_triton_gemm"
 """The XLA option :func:`compiler_options` turns off on a GPU."""
 
+OPT_LEVEL = "xla_backend_optimization_level"
+"""The XLA option :func:`compiler_options` sets to 0 on a CPU for the
+programs that run briefly."""
 
-def compiler_options() -> dict[str, Any] | None:
+
+def compiler_options(runs_briefly: bool = False) -> dict[str, Any] | None:
     """The XLA options the package compiles its programs with.
 
     On a GPU, matrix products go to cuBLAS rather than to Triton kernels,
@@ -158,19 +162,33 @@ def compiler_options() -> dict[str, Any] | None:
     (``docs/performance.md``): the warmup step and the sequential block
     compile up to 8.5 times faster (eight schools, without a matrix product,
     as fast) and run as fast; DEER's block compiles 1.3 to 4.8 times faster
-    and runs 0.9 to 1.4 times as long. A user's own
-    ``XLA_FLAGS`` setting of ``xla_gpu_enable_triton_gemm`` wins (nothing set
-    then); other backends get no options.
+    and runs 0.9 to 1.4 times as long.
+
+    On a CPU, the programs that ``runs_briefly`` (the initial state and the
+    step size search: a few potential evaluations and tens of transitions)
+    are compiled without LLVM's optimisation (``OPT_LEVEL`` 0): they compile
+    about a third faster, and a whole first run of a small model waits
+    mostly for compiles. Measured on 2 CPU cores (``docs/performance.md``):
+    whole processes of the examples 6 to 9 % shorter, the D = 100 logistic
+    regression's first run (N = 10,000) and stochastic volatility's 8 to
+    10 %; the warmup loop, the window end and the blocks run long enough to
+    keep the optimisation (all at level 0: the D = 100 regression 16 %
+    slower). A user's own ``XLA_FLAGS`` setting of either option wins
+    (nothing set then); other backends get no options.
     """
-    if jax.default_backend() != "gpu" or TRITON_GEMM in os.environ.get("XLA_FLAGS", ""):
-        return None
-    return {TRITON_GEMM: False}
+    flags = os.environ.get("XLA_FLAGS", "")
+    backend = jax.default_backend()
+    if backend == "gpu" and TRITON_GEMM not in flags:
+        return {TRITON_GEMM: False}
+    if backend == "cpu" and runs_briefly and OPT_LEVEL not in flags:
+        return {OPT_LEVEL: 0}
+    return None
 
 
-def jit(fun: Callable, **kwargs) -> Callable:
+def jit(fun: Callable, runs_briefly: bool = False, **kwargs) -> Callable:
     """:func:`jax.jit` with the package's :func:`compiler_options`, for the
     programs the kernel and the driver compile."""
-    return jax.jit(fun, compiler_options=compiler_options(), **kwargs)
+    return jax.jit(fun, compiler_options=compiler_options(runs_briefly), **kwargs)
 
 
 # compiles under way, by the lowered computation they compile (see below)

@@ -265,7 +265,7 @@ def _warmup_fns(traced: _Traced) -> tuple:
 
     return (
         compile_cache.jit(warmup_loop, donate_argnums=_donate()),
-        compile_cache.jit(step_size),
+        compile_cache.jit(step_size, runs_briefly=True),
         compile_cache.jit(window_end),
     )
 

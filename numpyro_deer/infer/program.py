@@ -376,7 +376,7 @@ class BlockProgram:
             fn = init_one
             if vectorized:
                 fn = jax.vmap(init_one, in_axes=(0, 0, None))
-            return compile_cache.jit(fn)
+            return compile_cache.jit(fn, runs_briefly=True)
 
         key = ("init", self.key(None), vectorized, static, strategy)
         return compile_cache.cached(key, build)
@@ -389,7 +389,7 @@ class BlockProgram:
                 args, kwargs = compile_cache.join_model_args(static, dynamic)
                 return self.step_size(state, use, args, kwargs, vectorized)
 
-            return compile_cache.jit(step_size)
+            return compile_cache.jit(step_size, runs_briefly=True)
 
         key = ("step size", self.key(None), vectorized, static)
         return compile_cache.cached(key, build)
