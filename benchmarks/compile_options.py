@@ -1,4 +1,4 @@
-"""XLA compiler options against the GPU compile time of the kernel's programs.
+"""XLA compiler options against the compile time of the kernel's programs.
 
 On a GPU the compile time of the DEER block grows with the dimension (the
 block is a few matrix products of ``D x D`` matrices per step, and XLA's GPU
@@ -8,7 +8,9 @@ loops -- ``kernel.program.warmup`` (one warmup step) and ``kernel.program.refill
 (one block) -- with each set of compiler options passed to
 ``Lowered.compile(compiler_options=...)``, and then times the compiled block
 (median of three calls after one) and warmup step (median of ten after one),
-so that a faster compile can be weighed against a slower program.
+so that a faster compile can be weighed against a slower program. The
+option sets named ``xla_gpu_*`` are the GPU's; ``O0``, ``O1`` and
+``cheap_llvm`` (LLVM's level and passes) apply to the CPU as well.
 ``--method sequential`` compiles the sequential block instead of DEER's.
 
 Every (model, options) pair runs in a fresh process: XLA keeps what its tuner
