@@ -169,11 +169,12 @@ def compiler_options(runs_briefly: bool = False) -> dict[str, Any] | None:
     are compiled without LLVM's optimisation (``OPT_LEVEL`` 0): they compile
     about a third faster, and a whole first run of a small model waits
     mostly for compiles. Measured on 2 CPU cores (``docs/performance.md``):
-    whole processes of the examples 6 to 9 % shorter, the D = 100 logistic
-    regression's first run (N = 10,000) and stochastic volatility's 8 to
-    10 %; the warmup loop, the window end and the blocks run long enough to
-    keep the optimisation (all at level 0: the D = 100 regression 16 %
-    slower). A user's own ``XLA_FLAGS`` setting of either option wins
+    whole processes of the three examples 4 to 11 % shorter, the first
+    ``mcmc.run`` of the D = 100 logistic regression (N = 10,000) and of
+    stochastic volatility 11 and 13 %; the warmup loop, the window end and
+    the blocks run long enough to keep the optimisation (the warmup loop at
+    level 0 too: the D = 100 regression's first ``mcmc.run`` about 15 %
+    longer). A user's own ``XLA_FLAGS`` setting of either option wins
     (nothing set then); other backends get no options.
     """
     flags = os.environ.get("XLA_FLAGS", "")

@@ -92,13 +92,12 @@ def resolve_mass_adaptation(
 
 def auto_solve_basis(solver: DEERSolver, dim: int, num_chains: int = 1) -> str:
     """``solve_basis="auto"`` for ``num_chains`` vectorized chains of ``dim``
-    dimensions: the Hessian's eigenbasis where
-    :func:`hessian_affordable`, where a diagonal Jacobian
-    misses less there; the whitened coordinates for a dense Jacobian
-    (Newton's iterates do not depend on the basis, so the Hessian and the
-    pilot would be work and compile time spent for nothing) and beyond the
-    bound (every chain would take its own Hessian and eigendecomposition per
-    block)."""
+    dimensions: the Hessian's eigenbasis (where a diagonal Jacobian misses
+    less) within :func:`hessian_affordable`'s bound; the whitened
+    coordinates beyond it (every chain would take its own Hessian and
+    eigendecomposition per block) and for a dense Jacobian (Newton's iterates
+    do not depend on the basis, so the Hessian and the pilot would be work
+    and compile time spent for nothing)."""
     dense = solver.jacobian_for(dim).structure == "dense"
     return (
         "hessian" if hessian_affordable(dim, num_chains) and not dense else "whitened"
