@@ -15,7 +15,6 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from numpyro_deer.core.warmup_cost import solve_costs, tangent_directions
-from numpyro_deer.infer.hessian_mass import auto_solve_basis
 
 
 @dataclass(frozen=True)
@@ -149,8 +148,8 @@ def deer_blocks(
 
 def deer_kernel_blocks(kernel, iterations, fronts, dim: int, lockstep=True) -> Counts:
     """:func:`deer_blocks` with the settings read from a ``DEERMALA`` or
-    ``DEERHMC`` (its solver, block size and the solve basis ``"auto"`` picks,
-    as the kernel does)."""
+    ``DEERHMC`` (its run's solver, whose ``solve_basis="auto"`` the kernel
+    resolved at ``init``, and block size)."""
     cost = transition_cost(kernel)
     its = np.asarray(iterations)
     blocks = its.shape[-1] if its.ndim else 1
@@ -160,10 +159,7 @@ def deer_kernel_blocks(kernel, iterations, fronts, dim: int, lockstep=True) -> C
         return sequential(chains, blocks * block_size, cost.carried, 0) + (
             sequential(chains, blocks, 1)  # the gradient at each block's start
         )
-    solver = kernel.program.settings.solver  # "auto" resolved for the run's chains
-    basis = solver.solve_basis
-    if basis == "auto":
-        basis = auto_solve_basis(solver, dim)
+    solver = kernel.program.settings.solver
     return deer_blocks(
         iterations,
         fronts,
@@ -171,7 +167,7 @@ def deer_kernel_blocks(kernel, iterations, fronts, dim: int, lockstep=True) -> C
         dim=dim,
         g=cost.carried,
         solver=solver,
-        hessian_points=16 if basis == "hessian" else 0,
+        hessian_points=16 if solver.solve_basis == "hessian" else 0,
         lockstep=lockstep,
     )
 
