@@ -1,0 +1,154 @@
+"""One Hessian window end with many vectorized chains: what its parts cost.
+
+At the end of each middle warmup window, ``adapt_mass_matrix="hessian"``
+gives every chain the inverse of its mean Hessian over ``K = 16`` curvature
+points (``numpyro_deer.infer.hessian_mass.hessian_inverse_mass``). With
+``C`` vectorized chains that is ``C K D`` Hessian-vector products and ``C``
+``D x D`` matrices to invert. This script times, for each model and chain
+count, with the chains under one ``jax.vmap`` as the kernel maps them on a
+GPU:
+
+* ``hessian``: the mean Hessians alone (the chains in groups of
+  ``--hessian-group``, as the memory plan solves a large model's);
+* ``eigh``: every matrix's ``|H|^{-1}`` by its eigendecomposition;
+* ``cholesky``: every matrix's ``H^{-1}`` by its Cholesky factor;
+* ``inverse``: what the package computes for the batch
+  (``core.hessian.inverse_abs``: the Cholesky factors where every chain's
+  gives the same matrix, ``eigh`` otherwise), and ``exact``, the share of
+  chains whose Cholesky factor sufficed.
+
+The curvature points are those of one chain after ``--warmup`` steps of
+``DEERMALA``'s sequential warmup, each chain's with small noise added: their
+Hessian's condition decides the branch, not the time of either. Each time is the median of ``--repeats``
+calls after a first (compiling) one.
+
+    PYTHONPATH=. python3 benchmarks/window_end.py --platform gpu \\
+        --models eight_schools hierarchical_logistic_regression \\
+        logistic_regression_large --chains 1 64 256 1024 \\
+        --json benchmarks/results/h100/window_end_h100.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    parser.add_argument("--platform", default="cpu", choices=["cpu", "gpu"])
+    parser.add_argument(
+        "--models",
+        nargs="+",
+        default=["eight_schools", "hierarchical_logistic_regression"],
+    )
+    parser.add_argument("--chains", type=int, nargs="+", default=[1, 64])
+    parser.add_argument("--warmup", type=int, default=300)
+    parser.add_argument("--hessian-group", type=int, default=64)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--json", default=None)
+    return parser.parse_args(argv)
+
+
+def median_seconds(fn, arg, repeats: int) -> float:
+    import jax
+
+    jax.block_until_ready(fn(arg))
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        jax.block_until_ready(fn(arg))
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def run_model(name: str, ns) -> list[dict]:
+    import jax
+    import jax.numpy as jnp
+
+    import numpyro_deer
+    from benchmarks.models import BENCHMARK_MODELS
+    from benchmarks.parallel_warmup import flat_potential
+    from numpyro_deer.core import hessian as hessian_module
+
+    potential, dim = flat_potential(name)
+    bench = BENCHMARK_MODELS[name]
+    args, kwargs = bench.make_data()
+    kernel = numpyro_deer.DEERMALA(bench.model, method="sequential")
+    mcmc = numpyro_deer.MCMC(
+        kernel, num_warmup=ns.warmup, num_samples=1, progress_bar=False
+    )
+    mcmc.warmup(jax.random.PRNGKey(0), *args, **kwargs)
+    warm_points = mcmc.post_warmup_state.curvature_points
+    rows = []
+    for num_chains in ns.chains:
+        key = jax.random.PRNGKey(num_chains)
+        noise = jax.random.normal(key, (num_chains, *warm_points.shape))
+        points = warm_points + 0.01 * noise
+        group = min(num_chains, ns.hessian_group)
+
+        @jax.jit
+        def hessians(p):
+            return jax.lax.map(
+                lambda q: hessian_module.mean_hessian(potential, q), p, batch_size=group
+            )
+
+        matrices = hessians(points)
+        eigh = jax.jit(jax.vmap(hessian_module._inverse_abs_by_eigh))
+        cholesky = jax.jit(jax.vmap(hessian_module._inverse_by_cholesky))
+        inverse = jax.jit(jax.vmap(hessian_module.inverse_abs))
+        exact = cholesky(matrices)[1]
+        row = {
+            "model": name,
+            "dim": dim,
+            "num_chains": num_chains,
+            "hessian_s": median_seconds(hessians, points, ns.repeats),
+            "eigh_s": median_seconds(eigh, matrices, ns.repeats),
+            "cholesky_s": median_seconds(cholesky, matrices, ns.repeats),
+            "inverse_s": median_seconds(inverse, matrices, ns.repeats),
+            "exact": float(jnp.mean(exact)),
+        }
+        print(
+            f"{name} D={dim} chains={num_chains}: hessian {row['hessian_s']:.4f} s,"
+            f" eigh {row['eigh_s']:.4f} s, cholesky {row['cholesky_s']:.4f} s,"
+            f" inverse {row['inverse_s']:.4f} s (exact {row['exact']:.2f})",
+            file=sys.stderr,
+            flush=True,
+        )
+        rows.append(row)
+    return rows
+
+
+def main(argv=None) -> None:
+    ns = parse_args(argv)
+    import jax
+
+    from benchmarks import common
+
+    jax.config.update("jax_platforms", "cuda" if ns.platform == "gpu" else "cpu")
+    rows = [row for name in ns.models for row in run_model(name, ns)]
+    columns = [
+        ("model", "model", "s"),
+        ("dim", "D", "d"),
+        ("num_chains", "chains", "d"),
+        ("hessian_s", "hessian s", ".4f"),
+        ("eigh_s", "eigh s", ".4f"),
+        ("cholesky_s", "cholesky s", ".4f"),
+        ("inverse_s", "inverse s", ".4f"),
+        ("exact", "exact", ".2f"),
+    ]
+    print(common.format_table(rows, columns))
+    path = ns.json or common.default_json_path("window_end")
+    common.write_json(path, {"machine": common.machine_info(), "rows": rows})
+
+
+if __name__ == "__main__":
+    main()
