@@ -211,6 +211,17 @@ CASES = {
         "--block-size",
         "16",
     ],
+    "window_end.py": [
+        "--models",
+        "eight_schools",
+        "--chains",
+        "1",
+        "2",
+        "--warmup",
+        "20",
+        "--repeats",
+        "1",
+    ],
     "many_chains.py": [
         "--models",
         "eight_schools",
@@ -280,6 +291,7 @@ BENCH_ONLY = {
     "parallel_warmup.py",
     "vectorized_chains.py",
     "warmup_cost.py",
+    "window_end.py",
 }
 
 
