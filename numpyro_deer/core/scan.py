@@ -87,11 +87,60 @@ def _combine_dense(
     return AffineElement(A, b)
 
 
-def _scan(combine, A: Array, b: Array) -> Array:
+RADIX = 8
+"""Consecutive elements per group of :func:`_scan`: the prefixes within a group
+are ``RADIX - 1`` compositions in one fused pass, and the associative scan runs
+over ``T / RADIX`` group totals (``log2 RADIX`` fewer of its levels)."""
+
+
+def _apply_diagonal(element: AffineElement, state: Array) -> Array:
+    return element.A * state + element.b
+
+
+def _apply_dense(
+    element: AffineElement, state: Array, precision: str | None = None
+) -> Array:
+    return matmul(element.A, state, precision) + element.b
+
+
+def _scan(combine, apply, A: Array, b: Array) -> Array:
+    """The states ``s_1 .. s_T`` by a scan of groups of :data:`RADIX` elements.
+
+    With ``P_{g,j}`` the composition of the first ``j + 1`` maps of group
+    ``g`` and ``S_g`` the state at the end of group ``g`` (an associative scan
+    of the groups' total maps ``P_{g,RADIX-1}``), the state at position ``j``
+    of group ``g`` is ``P_{g,j}`` applied to ``S_{g-1}``. A blocked scan in the
+    manner of Blelloch (1990, section 1.4): the inclusive prefixes of ``T``
+    elements in ``2 log2(T / RADIX) + RADIX`` dependent levels of the pair
+    operator instead of ``2 log2 T``, each level a kernel launch on a GPU.
+    The time axis is padded at its end (later elements never change earlier
+    prefixes).
+    """
+    pair = jax.vmap(combine)
     elements = AffineElement(A, b)
-    # associative_scan calls the operator on stacked slices; vmap lifts the
-    # single-pair operator to them.
-    return jax.lax.associative_scan(jax.vmap(combine), elements).b
+    T = b.shape[0]
+    groups = -(-T // RADIX)
+    if RADIX < 2 or groups < 2:
+        return jax.lax.associative_scan(pair, elements).b
+    pad = groups * RADIX - T
+    grouped = jax.tree.map(
+        lambda x: jnp.pad(x, [(0, pad)] + [(0, 0)] * (x.ndim - 1)).reshape(
+            (groups, RADIX) + x.shape[1:]
+        ),
+        elements,
+    )
+    prefixes = [jax.tree.map(lambda x: x[:, 0], grouped)]
+    for j in range(1, RADIX):
+        prefixes.append(
+            pair(prefixes[-1], jax.tree.map(lambda x, j=j: x[:, j], grouped))
+        )
+    ends = jax.lax.associative_scan(pair, prefixes[-1]).b  # S_g
+    prefixes = jax.tree.map(lambda *xs: jnp.stack(xs, 1), *prefixes)
+    later = jax.vmap(jax.vmap(apply, (0, None)))(
+        jax.tree.map(lambda x: x[1:], prefixes), ends[:-1]
+    )
+    states = jnp.concatenate([prefixes.b[:1], later])
+    return states.reshape((groups * RADIX,) + b.shape[1:])[:T]
 
 
 def scan_diagonal(A: Array, b: Array) -> Array:
@@ -104,7 +153,7 @@ def scan_diagonal(A: Array, b: Array) -> Array:
     Returns:
         The states ``s_1 .. s_T``, shape ``(T, D)``.
     """
-    return _scan(_combine_diagonal, A, b)
+    return _scan(_combine_diagonal, _apply_diagonal, A, b)
 
 
 def scan_dense(A: Array, b: Array, precision: str | None = None) -> Array:
@@ -121,7 +170,12 @@ def scan_dense(A: Array, b: Array, precision: str | None = None) -> Array:
     Returns:
         The states ``s_1 .. s_T``, shape ``(T, D)``.
     """
-    return _scan(partial(_combine_dense, precision=precision), A, b)
+    return _scan(
+        partial(_combine_dense, precision=precision),
+        partial(_apply_dense, precision=precision),
+        A,
+        b,
+    )
 
 
 def scan_sequential(A: Array, b: Array) -> Array:
