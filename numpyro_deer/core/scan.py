@@ -110,9 +110,10 @@ def _scan(combine, apply, A: Array, b: Array) -> Array:
     ``g`` and ``S_g`` the state at the end of group ``g`` (an associative scan
     of the groups' total maps ``P_{g,RADIX-1}``), the state at position ``j``
     of group ``g`` is ``P_{g,j}`` applied to ``S_{g-1}``. A blocked scan in the
-    manner of Blelloch (1990, section 1.4): the inclusive prefixes of ``T``
-    elements in ``2 log2(T / RADIX) + RADIX`` dependent levels of the pair
-    operator instead of ``2 log2 T``, each level a kernel launch on a GPU.
+    manner of Blelloch (1990, section 1.4): the ``RADIX - 1`` compositions
+    within the groups are one elementwise pass, so about
+    ``2 log2(T / RADIX) + 2`` passes over the data (kernel launches on a GPU)
+    instead of ``2 log2 T``, for ``2 log2 T + 2`` dependent compositions.
     The time axis is padded at its end (later elements never change earlier
     prefixes).
     """
