@@ -77,8 +77,10 @@ def scan_rows(dims, elements: int, products, radixes) -> list[dict]:
         b = jax.random.normal(key_b, (T, dim))
         for setting in _settings(dim, products[:1], radixes):
             compile_s, run_s, _ = _time(lambda A, b: scan.scan_diagonal(A, b), A, b)
-            rows.append({"case": "scan_diagonal", "D": dim, "T": T, **setting,
-                         "products": "-", "compile_s": compile_s, "run_s": run_s})  # fmt: skip
+            rows.append(
+                {"case": "scan_diagonal", "D": dim, "T": T, **setting, "products": "-",
+                 "compile_s": compile_s, "run_s": run_s}
+            )  # fmt: skip
     return rows
 
 
@@ -87,7 +89,7 @@ def banana_rows(T: int, products, radixes) -> list[dict]:
     import jax.numpy as jnp
     from paper import banana_potential
 
-    from numpyro_deer.core import hmc, scan, transition
+    from numpyro_deer.core import hmc, transition
     from numpyro_deer.core.newton import DEERSolver, deer_solve
 
     kernel = hmc.HMC(num_steps=8, jitter=0.0)

@@ -12,7 +12,6 @@ from benchmarks.models import (
     make_ill_conditioned_gaussian_data,
 )
 from numpyro_deer import DEERMALA, MCMC, DEERSolver
-from numpyro_deer.core.hessian import inverse_abs
 from numpyro_deer.core.metric import mass_matrix_sqrt
 from numpyro_deer.infer import hessian_mass as hessian_mass_module
 from numpyro_deer.infer.hessian_mass import (
@@ -61,50 +60,6 @@ def test_nonconvex_directions_take_the_absolute_curvature_and_a_floor():
     expected = 1.0 / np.array([4.0, 2.0, EIGENVALUE_FLOOR * 4.0])
     np.testing.assert_allclose(np.diag(inverse), expected, rtol=1e-10)
     assert np.all(np.linalg.eigvalsh(inverse) > 0)
-
-
-def _rotated(eigenvalues, seed=0):
-    dim = len(eigenvalues)
-    q, _ = np.linalg.qr(np.random.default_rng(seed).standard_normal((dim, dim)))
-    return jnp.asarray((q * np.asarray(eigenvalues)) @ q.T)
-
-
-def _inverse_abs_by_hand(matrix):
-    eigenvalues, vectors = np.linalg.eigh(np.asarray(matrix))
-    magnitude = np.abs(eigenvalues)
-    magnitude = np.maximum(magnitude, EIGENVALUE_FLOOR * magnitude.max())
-    return (vectors / magnitude) @ vectors.T
-
-
-@pytest.mark.parametrize(
-    "last",
-    [
-        [5.0, 2.0, 1.0, 0.5],  # well conditioned: the batch takes Cholesky
-        [5.0, -2.0, 1.0, 0.5],  # indefinite: every matrix by eigh
-        [5.0, 2.0, 1.0, 1e-7],  # positive definite, the floor binds: eigh
-    ],
-)
-def test_vectorized_inverse_is_every_matrixs_own(last):
-    # under vmap (the chains of a GPU's window end) the batch takes Cholesky
-    # factors only where each gives the floored |H|^{-1} of its own matrix
-    matrices = jnp.stack(
-        [_rotated([3.0, 1.0, 0.3, 0.2], 1), _rotated([1.0, 1.0, 2.0, 4.0], 2)]
-        + [_rotated(last, 3)]
-    )
-    batched = jax.jit(jax.vmap(inverse_abs))(matrices)
-    for matrix, inverse in zip(matrices, batched):
-        np.testing.assert_allclose(
-            inverse, _inverse_abs_by_hand(matrix), rtol=1e-8, atol=1e-8
-        )
-
-
-def test_only_a_batch_of_matrices_is_factorised_by_cholesky():
-    # one matrix (the CPU maps chains one after another) keeps eigh alone
-    matrix = _rotated([3.0, 1.0, 0.3, 0.2])
-    one = primitive_names(jax.make_jaxpr(inverse_abs)(matrix))
-    batch = primitive_names(jax.make_jaxpr(jax.vmap(inverse_abs))(matrix[None]))
-    assert "eigh" in one and "cholesky" not in one
-    assert {"eigh", "cholesky", "cond"} <= batch
 
 
 def _adapt_states(dim):

@@ -103,67 +103,15 @@ def curvature_basis(potential: Callable[[Array], Array], points: Array) -> Array
     return jnp.where(finite, basis, jnp.eye(points.shape[-1], dtype=points.dtype))
 
 
-def _inverse_abs_by_eigh(hessian: Array) -> Array:
-    """``|H|^{-1}`` through ``H = V diag(lambda) V^T``: ``V diag(1/m) V^T``
-    with ``m = max(|lambda|, floor * max |lambda|)``, symmetrised."""
+def inverse_abs(hessian: Array) -> Array:
+    """``|H|^{-1}`` of a symmetric ``H`` through ``H = V diag(lambda) V^T``:
+    ``V diag(1/m) V^T`` with ``m = max(|lambda|, floor * max |lambda|)``
+    (:data:`EIGENVALUE_FLOOR`), symmetrised."""
     eigenvalues, vectors = jnp.linalg.eigh(hessian)
     magnitude = jnp.abs(eigenvalues)
     magnitude = jnp.maximum(magnitude, EIGENVALUE_FLOOR * jnp.max(magnitude))
     inverse = (vectors / magnitude) @ vectors.T
     return 0.5 * (inverse + inverse.T)
-
-
-def _inverse_by_cholesky(hessian: Array) -> tuple[Array, Array]:
-    r"""``(H^{-1}, exact)``: the inverse through ``H = R R^T``, and whether it
-    is :func:`_inverse_abs_by_eigh`'s matrix.
-
-    It is where ``H`` is positive definite (the factor is finite) and the
-    floor does not bind, ``lambda_min >= floor * lambda_max``. Any induced
-    norm bounds a symmetric matrix's spectral radius, so
-    ``\|H\|_\infty \|H^{-1}\|_\infty \le 1 / floor`` (the row-sum
-    condition number, two reductions) implies it.
-    """
-    eye = jnp.eye(hessian.shape[-1], dtype=hessian.dtype)
-    factor = jnp.linalg.cholesky(hessian)
-    inverse = jax.scipy.linalg.cho_solve((factor, True), eye)
-    inverse = 0.5 * (inverse + inverse.T)
-
-    def row_norm(a):
-        return jnp.max(jnp.sum(jnp.abs(a), axis=-1))
-
-    condition = row_norm(hessian) * row_norm(inverse)
-    exact = jnp.isfinite(condition) & (condition * EIGENVALUE_FLOOR <= 1.0)
-    return inverse, exact
-
-
-@jax.custom_batching.custom_vmap
-def inverse_abs(hessian: Array) -> Array:
-    """``|H|^{-1}`` of a symmetric ``H``, eigenvalues floored at
-    :data:`EIGENVALUE_FLOOR` times the largest magnitude.
-
-    One matrix: by ``eigh``. Under ``jax.vmap`` (a chain's mean Hessian each)
-    the batch takes Cholesky factors where every matrix's
-    (:func:`_inverse_by_cholesky`) gives the same result, one ``eigh`` per
-    matrix otherwise: batched Cholesky factors and triangular solves are a
-    few kernels on a GPU, while JAX's GPU ``eigh`` decomposes the matrices
-    one after another above ``D = 32`` (cuSOLVER's ``syevd``).
-    """
-    return _inverse_abs_by_eigh(hessian)
-
-
-@inverse_abs.def_vmap
-def _inverse_abs_batched(axis_size, in_batched, hessian):
-    (batched,) = in_batched
-    if not batched:
-        return inverse_abs(hessian), False
-    inverse, exact = jax.vmap(_inverse_by_cholesky)(hessian)
-    inverse = jax.lax.cond(
-        jnp.all(exact),
-        lambda h: inverse,
-        jax.vmap(_inverse_abs_by_eigh),
-        hessian,
-    )
-    return inverse, True
 
 
 def inverse_abs_mean_hessian(

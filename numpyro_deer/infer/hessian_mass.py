@@ -55,10 +55,11 @@ eigendecomposition per use, and a ``D x D`` product per gradient."""
 MAX_HESSIAN_CHAIN_WORK = 2**32
 """Largest ``num_chains * D**3`` for which the ``"auto"`` settings
 (``adapt_mass_matrix`` and ``solve_basis``) use the mean Hessian with
-vectorized chains: every chain takes its own Hessian and ``D x D``
-eigendecomposition at each window end (and each DEER block), which JAX's GPU
-``eigh`` computes one chain after another above ``D = 32`` (cuSOLVER's
-``syevd`` per matrix; batched Jacobi only up to 32). Measured on an H100
+vectorized chains: every chain takes its own Hessian (``16 D``
+Hessian-vector products) and ``D x D`` eigendecomposition at each window end
+(and each DEER block). The decomposition itself is cheap on a GPU (1,024
+matrices of ``D = 100`` in 6 ms on an H100, ``benchmarks/window_end.py``);
+the first runs with the Hessian are the slower ones. Measured on an H100
 (``docs/performance.md``): item response theory (``D = 501``) with 256
 chains (``3.2e10``) reached error 0.01 in 22 s with the Hessian and 9.5 s
 with NumPyro's diagonal estimate, with 1,024 chains not within 45 s;
