@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 from numpy.testing import assert_allclose, assert_array_equal
 
+from numpyro_deer.core import scan as scan_module
 from numpyro_deer.core import scan_dense, scan_diagonal, scan_sequential
 from numpyro_deer.core.scan import ELEMENTWISE_MAX_DIM, matmul
 
@@ -74,6 +75,7 @@ def dense_inputs(seed, T, D, radius=0.98):
     [
         (1, 3, "contracting"),
         (7, 4, "persistent"),
+        (37, 3, "persistent"),  # groups of RADIX with the last one padded
         (512, 4, "contracting"),
         (512, 4, "persistent"),
         (4096, 8, "contracting"),
@@ -141,11 +143,23 @@ def test_scan_diagonal_initial_state_folded_into_first_offset():
     )
 
 
+@pytest.mark.parametrize("radix", [1, 2, 5, 8, 16])
+@pytest.mark.parametrize("T", [9, 37, 64])
+def test_every_group_size_gives_the_recursion(monkeypatch, radix, T):
+    # the blocked scan at any RADIX (one group, a padded last group, whole
+    # groups), unjitted so that each RADIX is traced afresh
+    monkeypatch.setattr(scan_module, "RADIX", radix)
+    A, b = diagonal_inputs(T, T, 3, "persistent")
+    assert_allclose(np.asarray(scan_diagonal(A, b)), loop_diagonal(A, b), **TOL)
+    A, b = dense_inputs(T, T, 3)
+    assert_allclose(np.asarray(scan_dense(A, b)), loop_dense(A, b), **TOL)
+
+
 # ------------------------------------------------------------------------- dense
 @pytest.mark.parametrize(
     "T, D",
     # D above ELEMENTWISE_MAX_DIM takes the matrix products
-    [(1, 3), (7, 4), (512, 4), (64, ELEMENTWISE_MAX_DIM + 4)],
+    [(1, 3), (7, 4), (37, 3), (512, 4), (64, ELEMENTWISE_MAX_DIM + 4)],
 )
 def test_scan_dense_matches_loop(T, D):
     A, b = dense_inputs(T * 10 + D, T, D)
