@@ -22,7 +22,9 @@ compile side by side while the warmup runs), with ``--methods`` (``auto``,
 (``timeline``: each XLA compile, and each tracing and lowering over 10 ms,
 with its program, start and end in seconds from the call's start; the
 tracing and lowering run one after the other in the calling thread).
-``--sweeps K ...`` runs each row with ``DEERSolver(sweep=K)`` for each ``K``.
+``--sweeps K ...`` runs each row with ``DEERSolver(sweep=K)`` for each ``K``,
+``--masses`` with each ``adapt_mass_matrix`` (``auto``, ``hessian``, ``true``:
+NumPyro's diagonal estimate).
 
     PYTHONPATH=. python3 benchmarks/first_run_phases.py --models eight_schools
     PYTHONPATH=. python3 benchmarks/first_run_phases.py --platform gpu \\
@@ -32,6 +34,10 @@ tracing and lowering run one after the other in the calling thread).
     # what the sweep costs the DEER block's compile, 1 and 1,024 chains:
     PYTHONPATH=. python3 benchmarks/first_run_phases.py --platform gpu --one-call \
         --chains 1 1024 --methods deer --sweeps 8 0 --block-size 512
+    # where a first call with the Hessian metric and many chains waits:
+    PYTHONPATH=. python3 benchmarks/first_run_phases.py --platform gpu --one-call \
+        --models hierarchical_logistic_regression --chains 1024 \
+        --masses hessian true --block-size 512 --blocks 2
 """
 
 from __future__ import annotations
@@ -61,6 +67,7 @@ def _child(
     method: str = "auto",
     blocks: int = 0,
     sweep: int | None = None,
+    mass: str = "auto",
 ) -> dict:
     if platform:
         import jax
@@ -77,8 +84,14 @@ def _child(
     bench = BENCHMARK_MODELS[model]
     args, kwargs = bench.make_data()
     solver = {} if sweep is None else {"solver": numpyro_deer.DEERSolver(sweep=sweep)}
+    adapt = {"true": True, "false": False}.get(mass, mass)
     kernel = numpyro_deer.DEERHMC(
-        bench.model, num_steps=4, block_size=block_size, method=method, **solver
+        bench.model,
+        num_steps=4,
+        block_size=block_size,
+        method=method,
+        adapt_mass_matrix=adapt,
+        **solver,
     )
     mcmc = numpyro_deer.MCMC(
         kernel, num_warmup=num_warmup, num_samples=block_size * max(blocks, 1),
@@ -86,6 +99,7 @@ def _child(
     )  # fmt: skip
     row = {"model": model, "chains": chains, "num_warmup": num_warmup}
     row["method"] = method
+    row["mass"] = mass
     row["sweep"] = "default" if sweep is None else sweep
     if blocks:
         return {**row, **_one_call(mcmc, spans, args, kwargs)}
@@ -174,6 +188,11 @@ def main(argv=None) -> list[dict]:
         "--sweeps", nargs="+", type=int, default=None,
         help="a row per DEERSolver(sweep=K) (default: the default solver)",
     )  # fmt: skip
+    parser.add_argument(
+        "--masses", nargs="+", default=["auto"],
+        choices=("auto", "hessian", "true", "false"),
+        help="a row per adapt_mass_matrix (true: NumPyro's diagonal estimate)",
+    )  # fmt: skip
     parser.add_argument("--json", default=None)
     parser.add_argument("--child", help=argparse.SUPPRESS)
     ns = parser.parse_args(argv)
@@ -183,11 +202,12 @@ def main(argv=None) -> list[dict]:
         return []
     rows = []
     grid = itertools.product(
-        ns.models, ns.chains, ns.num_warmup, ns.methods, ns.sweeps or [None]
+        ns.models, ns.chains, ns.num_warmup, ns.methods, ns.sweeps or [None], ns.masses
     )
-    for model, chains, num_warmup, method, sweep in grid:
+    for model, chains, num_warmup, method, sweep, mass in grid:
         spec = {"model": model, "chains": chains, "num_warmup": num_warmup}
         spec.update(block_size=ns.block_size, platform=ns.platform, sweep=sweep)
+        spec.update(mass=mass)
         spec.update(method=method, blocks=ns.blocks if ns.one_call else 0)
         row = _run_child(spec)
         if row is not None:
@@ -196,6 +216,7 @@ def main(argv=None) -> list[dict]:
     common.write_json(path, {"machine": common.machine_info(), "rows": rows})
     print(common.describe_machine(common.machine_info()))
     head = [("model", "model"), ("chains", "chains"), ("num_warmup", "warmup steps")]
+    head.append(("mass", "adapt_mass_matrix"))
     if ns.one_call:
         columns = head + [
             ("method", "method"), ("sweep", "sweep"), ("method_chosen", "chosen"),

@@ -22,6 +22,9 @@
 #                                           # stragglers, D=100 x 256 chains
 #   bash benchmarks/run_gpu_race.sh one_call # first_run_phases.py --one-call:
 #                                           # by method, and the sweep's compile
+#   bash benchmarks/run_gpu_race.sh hessian_phases  # first_run_phases.py
+#                                           # --one-call: where 1,024 chains
+#                                           # wait with the Hessian metric
 #   bash benchmarks/run_gpu_race.sh jacobian  # jacobian_dim.py on the GPU
 #   bash benchmarks/run_gpu_race.sh numpyro020  # NUTS x256 with NumPyro 0.20
 #   bash benchmarks/run_gpu_race.sh phases  # first_run_phases.py, then the
@@ -108,6 +111,11 @@ one_call)
     # chain count
     timeout 200 python3 benchmarks/first_run_phases.py --platform gpu --one-call --chains 1024 --methods sequential deer auto --num-warmup 500 --block-size 512 --blocks 2 --json "$out/first_run_one_call_gpu.json"
     timeout 200 python3 benchmarks/first_run_phases.py --platform gpu --one-call --chains 1 1024 --methods deer --sweeps 8 0 --num-warmup 500 --block-size 512 --blocks 2 --json "$out/first_run_sweep_gpu.json"
+    ;;
+hessian_phases)
+    # the timeline of a first call of 1,024 chains with the Hessian metric
+    # and with NumPyro's diagonal one (the Hessian rows reach 0.01 later)
+    timeout 500 python3 benchmarks/first_run_phases.py --platform gpu --one-call --models hierarchical_logistic_regression logistic_regression_large --chains 1024 --masses hessian true --num-warmup 500 --block-size 512 --blocks 2 --json "$out/first_run_hessian_gpu.json"
     ;;
 jacobian)
     # the Jacobian strategies by dimension (whether jacobian="auto" should
