@@ -9,7 +9,14 @@ count, with the chains under one ``jax.vmap`` as the kernel maps them on a
 GPU:
 
 * ``hessian``: the mean Hessians alone (the chains in groups of
-  ``--hessian-group``, as the memory plan solves a large model's);
+  ``--hessian-group``, as the memory plan solves a large model's, each
+  chain's columns by ``mean_hessian``'s own rule: all at once up to
+  ``D = 128``);
+* ``hessian_8``: the mean Hessians of all chains under one ``jax.vmap``,
+  8 columns at a time (``column_batch=8``, what a GPU's window end of
+  vectorized chains takes), and the memory XLA plans for that program
+  (``temp_gb_8``) and for the same with all columns at once
+  (``temp_gb_all``, compiled, not run);
 * ``eigh``: every matrix's ``|H|^{-1}`` as the package computes it
   (``core.hessian.inverse_abs``, an eigendecomposition per matrix);
 * ``cholesky``, for comparison: every matrix's ``H^{-1}`` by its Cholesky
@@ -79,6 +86,14 @@ def chain_hessians(potential, points, group: int):
     return jax.lax.map(lambda q: mean_hessian(potential, q), points, batch_size=group)
 
 
+def column_hessian(potential, batch, points):
+    """One chain's mean Hessian, ``batch`` columns at a time (``None``: all
+    at once up to ``D = 128``)."""
+    from numpyro_deer.core.hessian import mean_hessian
+
+    return mean_hessian(potential, points, column_batch=batch)
+
+
 def cholesky_inverse(hessian):
     """``H^{-1}`` through ``H = R R^T`` (NaN where ``H`` is not positive definite)."""
     import jax
@@ -115,6 +130,14 @@ def run_model(name: str, ns) -> list[dict]:
 
         hessians = jax.jit(partial(chain_hessians, potential, group=group))
         matrices = hessians(points)
+        by_columns = {
+            batch: jax.jit(jax.vmap(partial(column_hessian, potential, batch)))
+            for batch in (None, 8)
+        }
+        temp = {
+            batch: fn.lower(points).compile().memory_analysis().temp_size_in_bytes / 1e9
+            for batch, fn in by_columns.items()
+        }
         eigh = jax.jit(jax.vmap(hessian_module.inverse_abs))
         cholesky = jax.jit(jax.vmap(cholesky_inverse))
         positive = jnp.all(jnp.isfinite(cholesky(matrices)), axis=(1, 2))
@@ -123,12 +146,17 @@ def run_model(name: str, ns) -> list[dict]:
             "dim": dim,
             "num_chains": num_chains,
             "hessian_s": median_seconds(hessians, points, ns.repeats),
+            "hessian_8_s": median_seconds(by_columns[8], points, ns.repeats),
+            "temp_gb_all": temp[None],
+            "temp_gb_8": temp[8],
             "eigh_s": median_seconds(eigh, matrices, ns.repeats),
             "cholesky_s": median_seconds(cholesky, matrices, ns.repeats),
             "positive": float(jnp.mean(positive)),
         }
         print(
-            f"{name} D={dim} chains={num_chains}: hessian {row['hessian_s']:.4f} s,"
+            f"{name} D={dim} chains={num_chains}: hessian {row['hessian_s']:.4f} s"
+            f" ({row['hessian_8_s']:.4f} s by 8 columns; {row['temp_gb_all']:.3g} GB"
+            f" planned for all columns, {row['temp_gb_8']:.3g} GB by 8),"
             f" eigh {row['eigh_s']:.4f} s, cholesky {row['cholesky_s']:.4f} s"
             f" (positive definite {row['positive']:.2f})",
             file=sys.stderr,
@@ -151,6 +179,9 @@ def main(argv=None) -> None:
         ("dim", "D", "d"),
         ("num_chains", "chains", "d"),
         ("hessian_s", "hessian s", ".4f"),
+        ("hessian_8_s", "by 8 columns s", ".4f"),
+        ("temp_gb_all", "GB all columns", ".3g"),
+        ("temp_gb_8", "GB by 8", ".3g"),
         ("eigh_s", "eigh s", ".4f"),
         ("cholesky_s", "cholesky s", ".4f"),
         ("positive", "positive", ".2f"),

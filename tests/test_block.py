@@ -11,6 +11,8 @@ from numpyro_deer.core.hessian import ALL_COLUMNS_DIM, COLUMN_BATCH, mean_hessia
 from numpyro_deer.infer.block import block_points, record_warmup_draw
 from numpyro_deer.infer.hessian_mass import auto_solve_basis
 
+from .helpers import primitive_names
+
 
 def _gaussian_potential(precision):
     return lambda w: 0.5 * w @ precision @ w
@@ -49,6 +51,27 @@ def test_mean_hessian_in_batches_of_columns_traces_the_potential_once():
     assert len(traces) == 1
     expected = precision + 3.0 * jnp.diag(jnp.mean(points**2, axis=0))
     np.testing.assert_allclose(hessian, expected, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("column_batch", [1, 3, None])
+def test_mean_hessian_by_any_number_of_columns_is_the_same(column_batch):
+    # column_batch=3 at D = 7: two whole batches and a padded one
+    dim = 7
+    rng = np.random.default_rng(2)
+    a = rng.standard_normal((dim, dim)) / np.sqrt(dim)
+    precision = jnp.asarray(a @ a.T + np.eye(dim))
+
+    def potential(w):
+        return 0.5 * w @ precision @ w + 0.25 * jnp.sum(w**4)
+
+    points = jnp.asarray(rng.standard_normal((3, dim)))
+    hessian = mean_hessian(potential, points, column_batch)
+    expected = precision + 3.0 * jnp.diag(jnp.mean(points**2, axis=0))
+    np.testing.assert_allclose(hessian, expected, rtol=1e-10, atol=1e-10)
+    looped = "scan" in primitive_names(
+        jax.make_jaxpr(lambda p: mean_hessian(potential, p, column_batch))(points)
+    )
+    assert looped == (column_batch is not None)
 
 
 def test_curvature_basis_of_a_nonfinite_hessian_is_the_identity():

@@ -12,6 +12,7 @@ from benchmarks.models import (
     make_ill_conditioned_gaussian_data,
 )
 from numpyro_deer import DEERMALA, MCMC, DEERSolver
+from numpyro_deer.core.hessian import COLUMN_BATCH
 from numpyro_deer.core.metric import mass_matrix_sqrt
 from numpyro_deer.infer import hessian_mass as hessian_mass_module
 from numpyro_deer.infer.hessian_mass import (
@@ -112,6 +113,31 @@ def test_window_end_keeps_numpyros_estimate_elsewhere_or_if_not_finite():
     new = _window_end(before, after, sqrt_potential, -jnp.ones((2, 3)))
     np.testing.assert_array_equal(new.inverse_mass_matrix, after.inverse_mass_matrix)
     np.testing.assert_array_equal(new.step_size, after.step_size)
+
+
+@pytest.mark.parametrize(
+    ("vectorized", "cpu", "columns"),
+    [(True, False, COLUMN_BATCH), (True, True, None), (False, False, None)],
+)
+def test_vectorized_window_ends_take_the_columns_in_batches(
+    monkeypatch, vectorized, cpu, columns
+):
+    # chains side by side under vmap (not on a CPU, where map_chains runs one
+    # after another) hold COLUMN_BATCH of the Hessian's columns at a time;
+    # the window end is the same
+    monkeypatch.setattr(hessian_mass_module, "on_cpu", lambda: cpu)
+    assert hessian_mass_module.window_end_columns(vectorized) == columns
+    dim = COLUMN_BATCH + 3
+    precision = _precision(dim, seed=4)
+    potential = lambda w: 0.5 * w @ precision @ w + 0.1 * jnp.sum(w**4)  # noqa: E731
+    points = jnp.asarray(np.random.default_rng(5).standard_normal((4, dim)))
+    before, after = _adapt_states(dim)
+    new, finite = hessian_mass(after, potential, points, vectorized)
+    reference, _ = hessian_mass(after, potential, points)
+    assert bool(finite)
+    np.testing.assert_allclose(
+        new.inverse_mass_matrix, reference.inverse_mass_matrix, rtol=1e-9
+    )
 
 
 @pytest.fixture(scope="module")

@@ -45,15 +45,23 @@ def points_within_budget(points: Array) -> Array:
     return points[num_points - 1 :: -stride][::-1]
 
 
-def mean_hessian(potential: Callable[[Array], Array], points: Array) -> Array:
+def mean_hessian(
+    potential: Callable[[Array], Array],
+    points: Array,
+    column_batch: int | None = None,
+) -> Array:
     r"""The symmetrised Hessian of ``potential`` averaged over ``points`` (K, D).
 
     Column ``j`` is ``mean_k \nabla^2 U(x_k) e_j``, one forward-mode
     derivative of the gradients at the ``K`` points along ``e_j``; the columns
     are taken all at once up to ``D = 128`` and :data:`COLUMN_BATCH` at a time
     above (:func:`jax.lax.map`), where ``D K`` copies of the potential's
-    intermediates at once are slower than a loop. Above ``D = 256`` fewer
-    points are used (:func:`points_within_budget`).
+    intermediates at once are slower than a loop. ``column_batch`` takes that
+    many at a time at any ``D`` above it: under :func:`jax.vmap` over ``C``
+    chains all columns at once hold ``C D K`` copies (the D = 100 logistic
+    regression of ``benchmarks/``: 134 MB a chain, beyond a GPU's memory with
+    1,024 chains). Above ``D = 256`` fewer points are used
+    (:func:`points_within_budget`).
     """
     points = points_within_budget(points)
     grad = jax.grad(potential)
@@ -63,43 +71,51 @@ def mean_hessian(potential: Callable[[Array], Array], points: Array) -> Array:
         return jnp.mean(tangents, axis=0)
 
     dim = points.shape[-1]
-    if dim <= ALL_COLUMNS_DIM:
+    batch = column_batch or (dim if dim <= ALL_COLUMNS_DIM else COLUMN_BATCH)
+    if dim <= batch:
         hessian = jax.vmap(column)(jnp.eye(dim, dtype=points.dtype))
     else:
         # rows of zeros pad the basis to whole batches: with a remainder,
         # lax.map would trace the column a second time for it (twice the
         # program: stochastic volatility's Hessian compiled in 6.1 s instead
         # of 3.9 s on the CPU)
-        rows = -(-dim // COLUMN_BATCH) * COLUMN_BATCH
+        rows = -(-dim // batch) * batch
         basis = jnp.eye(rows, dim, dtype=points.dtype)
-        hessian = jax.lax.map(column, basis, batch_size=COLUMN_BATCH)[:dim]
+        hessian = jax.lax.map(column, basis, batch_size=batch)[:dim]
     return 0.5 * (hessian + hessian.T)
 
 
 def mean_hessian_eigh(
-    potential: Callable[[Array], Array], points: Array
+    potential: Callable[[Array], Array],
+    points: Array,
+    column_batch: int | None = None,
 ) -> tuple[Array, Array, Array]:
     """Eigenvalues and eigenvectors of the mean Hessian, and whether it is finite.
 
     A Hessian that is not finite at some point is replaced by the identity
     before the decomposition (``eigh`` of NaNs is not defined); callers choose
-    their fallback from the flag.
+    their fallback from the flag. ``column_batch``: :func:`mean_hessian`'s.
     """
-    hessian = mean_hessian(potential, points)
+    hessian = mean_hessian(potential, points, column_batch)
     finite = jnp.all(jnp.isfinite(hessian))
     eye = jnp.eye(hessian.shape[-1], dtype=hessian.dtype)
     eigenvalues, vectors = jnp.linalg.eigh(jnp.where(finite, hessian, eye))
     return eigenvalues, vectors, finite
 
 
-def curvature_basis(potential: Callable[[Array], Array], points: Array) -> Array:
+def curvature_basis(
+    potential: Callable[[Array], Array],
+    points: Array,
+    column_batch: int | None = None,
+) -> Array:
     r"""Orthogonal ``Q`` whose columns are the eigenvectors of the mean Hessian.
 
     ``H = mean_k \nabla^2 U(w_k)`` over ``points`` (shape ``(K, D)``). In
     ``u = Q^T w`` a step's Jacobian is diagonal wherever ``H(w)`` is close to
-    the mean. A non-finite Hessian gives ``Q = I``.
+    the mean. A non-finite Hessian gives ``Q = I``. ``column_batch``:
+    :func:`mean_hessian`'s.
     """
-    _, basis, finite = mean_hessian_eigh(potential, points)
+    _, basis, finite = mean_hessian_eigh(potential, points, column_batch)
     return jnp.where(finite, basis, jnp.eye(points.shape[-1], dtype=points.dtype))
 
 
@@ -115,7 +131,9 @@ def inverse_abs(hessian: Array) -> Array:
 
 
 def inverse_abs_mean_hessian(
-    potential: Callable[[Array], Array], points: Array
+    potential: Callable[[Array], Array],
+    points: Array,
+    column_batch: int | None = None,
 ) -> tuple[Array, Array]:
     """``(|H|^{-1}, finite)`` for the mean Hessian ``H`` at ``points``.
 
@@ -124,9 +142,9 @@ def inverse_abs_mean_hessian(
     definite, and a nearly flat direction must not get an unbounded step;
     :func:`inverse_abs`); the result is symmetrised. ``finite`` is false
     where the Hessian is not finite at some point (the matrix is then
-    meaningless).
+    meaningless). ``column_batch``: :func:`mean_hessian`'s.
     """
-    hessian = mean_hessian(potential, points)
+    hessian = mean_hessian(potential, points, column_batch)
     finite = jnp.all(jnp.isfinite(hessian))
     eye = jnp.eye(hessian.shape[-1], dtype=hessian.dtype)
     return inverse_abs(jnp.where(finite, hessian, eye)), finite

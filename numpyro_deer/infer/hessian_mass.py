@@ -39,10 +39,11 @@ from jax import Array
 from numpyro.infer.hmc_util import build_adaptation_schedule
 
 from ..core.certificate import tree_where
+from ..core.hessian import COLUMN_BATCH, inverse_abs_mean_hessian
 from ..core.hessian import EIGENVALUE_FLOOR as EIGENVALUE_FLOOR
-from ..core.hessian import inverse_abs_mean_hessian
 from ..core.metric import mass_matrix_sqrt
 from ..core.newton import DEERSolver
+from .chains import on_cpu
 
 MAX_HESSIAN_DIM = 512
 """Largest latent dimension for which the ``"auto"`` settings use the mean
@@ -118,7 +119,9 @@ def resolve_solve_basis(
 
 
 def hessian_inverse_mass(
-    potential: Callable[[Array], Array], points: Array
+    potential: Callable[[Array], Array],
+    points: Array,
+    column_batch: int | None = None,
 ) -> tuple[Array, Array, Array, Array]:
     """``M = |H|^{-1}`` and NumPyro's two square roots of it, and a finite flag.
 
@@ -127,9 +130,10 @@ def hessian_inverse_mass(
     ``mass_matrix_sqrt`` is the lower Cholesky factor of the mass matrix
     ``M^{-1}`` and ``mass_matrix_sqrt_inv`` its inverse. ``finite`` is false
     when the Hessian is not finite at some point; the matrices are then
-    meaningless.
+    meaningless. ``column_batch``: the Hessian's columns taken at a time
+    (:func:`~numpyro_deer.core.hessian.mean_hessian`).
     """
-    inverse, finite = inverse_abs_mean_hessian(potential, points)
+    inverse, finite = inverse_abs_mean_hessian(potential, points, column_batch)
     eye = jnp.eye(inverse.shape[-1], dtype=inverse.dtype)
     # NumPyro's factorisation of a dense inverse mass matrix (hmc_util)
     sqrt_inv = jnp.swapaxes(mass_matrix_sqrt(inverse), -2, -1)
@@ -155,20 +159,42 @@ def is_hessian_window_end(before: Any, after: Any, num_windows: int) -> Array:
     return window_end & middle
 
 
-def hessian_mass(state: Any, potential: Callable[[Array], Array], points: Array):
+def hessian_mass(
+    state: Any,
+    potential: Callable[[Array], Array],
+    points: Array,
+    vectorized: bool = False,
+):
     """``(state, finite)``: NumPyro's adapt ``state`` with the inverse mean
     Hessian at ``points`` (``(K, D)``) as its metric, and whether that Hessian
     is finite; where it is not, ``state`` is returned unchanged (the previous
     metric is kept: under the Hessian mass the adapter estimates none of its
     own). The step size search in the new metric is
-    :func:`~numpyro_deer.infer.warmup.restart_step_size`'s."""
-    inverse, sqrt, sqrt_inv, finite = hessian_inverse_mass(potential, points)
+    :func:`~numpyro_deer.infer.warmup.restart_step_size`'s. ``vectorized``:
+    one of vectorized chains (:func:`window_end_columns`)."""
+    inverse, sqrt, sqrt_inv, finite = hessian_inverse_mass(
+        potential, points, window_end_columns(vectorized)
+    )
     new = state._replace(
         inverse_mass_matrix=inverse,
         mass_matrix_sqrt=sqrt,
         mass_matrix_sqrt_inv=sqrt_inv,
     )
     return tree_where(finite, new, state), finite
+
+
+def window_end_columns(batched: bool) -> int | None:
+    """The Hessian columns a window end takes at a time: every chain's
+    :data:`~numpyro_deer.core.hessian.COLUMN_BATCH` where the vectorized
+    chains run side by side (``jax.vmap``, not on a CPU: ``map_chains``), so
+    that ``C`` chains hold ``C * 8 * K`` gradients' intermediates at once
+    instead of ``C * D * K`` (the D = 100 logistic regression of
+    ``benchmarks/``: 131 MB a chain by XLA's memory analysis on a CPU, so
+    about 134 GB for 1,024 chains, which the memory plan would split into
+    groups of chains and compile again at the first window end); ``None``
+    (:func:`~numpyro_deer.core.hessian.mean_hessian`'s own rule) for one
+    chain at a time."""
+    return COLUMN_BATCH if batched and not on_cpu() else None
 
 
 def hessian_window_ends(num_warmup: int) -> tuple[int, ...]:

@@ -224,7 +224,7 @@ class BlockProgram:
 
         def one(s):
             adapt, finite = hessian_mass(
-                s.adapt_state, potential_flat, s.curvature_points
+                s.adapt_state, potential_flat, s.curvature_points, batched
             )
             return s._replace(adapt_state=adapt), finite
 

@@ -28,7 +28,7 @@ from jax import Array
 from jax.flatten_util import ravel_pytree
 
 from ..core.batched import batched_deer_solve
-from ..core.hessian import curvature_basis
+from ..core.hessian import COLUMN_BATCH, curvature_basis
 from ..core.metric import mul_sqrt, solve_sqrt, whiten
 from ..core.newton import RESULTS, DEERSolver, NewtonInfo, deer_solve, no_solve_info
 from ..core.transition import (
@@ -96,6 +96,7 @@ def block_problem(
     method: str,
     transition: Transition,
     pilot: bool = True,
+    column_batch: int | None = None,
 ) -> BlockProblem:
     """The next block's keys, tape and coordinates, from ``state``.
 
@@ -104,7 +105,8 @@ def block_problem(
     says so (``method="sequential"`` never does: a rotation leaves the chain
     the same, up to rounding, and costs a Hessian per block). With ``pilot``
     a block whose curvature points coincide takes them from a pilot solve
-    (:func:`pilot_points`).
+    (:func:`pilot_points`). ``column_batch``: the Hessian's columns at a time
+    (:func:`~numpyro_deer.core.hessian.mean_hessian`).
     """
     block_size = state.block.z.shape[0]
     rng_key, key_tape, key_probe = jax.random.split(state.rng_key, 3)
@@ -129,7 +131,7 @@ def block_problem(
             points, iterate, use, first_iteration = pilot_points(
                 potential_w, points, w0, tape, key_probe, step_w, solver
             )
-        basis = curvature_basis(potential_w, points)
+        basis = curvature_basis(potential_w, points, column_batch)
         tape, u0 = transition.rotate_tape(tape, basis), basis.T @ w0
         if pilot:
             init = jnp.where(use, iterate @ basis, u0)
@@ -247,10 +249,11 @@ def refill_blocks(
     chains (default an eighth), so the batch does not wait for the slowest.
     Each chain's block is the one :func:`refill_block` gives it."""
 
-    def problem(state):
+    def problem(state):  # under vmap: the Hessian's columns in batches
         return block_problem(
-            state, potential_flat, ravel, solver, "deer", transition, pilot
-        )
+            state, potential_flat, ravel, solver, "deer", transition, pilot,
+            COLUMN_BATCH,
+        )  # fmt: skip
 
     problems = jax.vmap(problem)(states)
     u, step_info, info = batched_deer_solve(
