@@ -59,8 +59,8 @@ def mean_hessian(
     intermediates at once are slower than a loop. ``column_batch`` takes that
     many at a time at any ``D`` above it: under :func:`jax.vmap` over ``C``
     chains all columns at once hold ``C D K`` copies (the D = 100 logistic
-    regression of ``benchmarks/``: 134 MB a chain, beyond a GPU's memory with
-    1,024 chains). Above ``D = 256`` fewer points are used
+    regression of ``benchmarks/``: 131 MB a chain by XLA's plan on a CPU,
+    beyond a GPU's memory with 1,024 chains). Above ``D = 256`` fewer points are used
     (:func:`points_within_budget`).
     """
     points = points_within_budget(points)
@@ -85,6 +85,17 @@ def mean_hessian(
     return 0.5 * (hessian + hessian.T)
 
 
+def _finite_mean_hessian(
+    potential: Callable[[Array], Array], points: Array, column_batch: int | None
+) -> tuple[Array, Array]:
+    """``(H, finite)``: :func:`mean_hessian`, the identity where it is not
+    finite (a decomposition of NaNs is not defined)."""
+    hessian = mean_hessian(potential, points, column_batch)
+    finite = jnp.all(jnp.isfinite(hessian))
+    eye = jnp.eye(hessian.shape[-1], dtype=hessian.dtype)
+    return jnp.where(finite, hessian, eye), finite
+
+
 def mean_hessian_eigh(
     potential: Callable[[Array], Array],
     points: Array,
@@ -96,10 +107,8 @@ def mean_hessian_eigh(
     before the decomposition (``eigh`` of NaNs is not defined); callers choose
     their fallback from the flag. ``column_batch``: :func:`mean_hessian`'s.
     """
-    hessian = mean_hessian(potential, points, column_batch)
-    finite = jnp.all(jnp.isfinite(hessian))
-    eye = jnp.eye(hessian.shape[-1], dtype=hessian.dtype)
-    eigenvalues, vectors = jnp.linalg.eigh(jnp.where(finite, hessian, eye))
+    hessian, finite = _finite_mean_hessian(potential, points, column_batch)
+    eigenvalues, vectors = jnp.linalg.eigh(hessian)
     return eigenvalues, vectors, finite
 
 
@@ -144,7 +153,5 @@ def inverse_abs_mean_hessian(
     where the Hessian is not finite at some point (the matrix is then
     meaningless). ``column_batch``: :func:`mean_hessian`'s.
     """
-    hessian = mean_hessian(potential, points, column_batch)
-    finite = jnp.all(jnp.isfinite(hessian))
-    eye = jnp.eye(hessian.shape[-1], dtype=hessian.dtype)
-    return inverse_abs(jnp.where(finite, hessian, eye)), finite
+    hessian, finite = _finite_mean_hessian(potential, points, column_batch)
+    return inverse_abs(hessian), finite

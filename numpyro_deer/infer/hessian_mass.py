@@ -60,7 +60,8 @@ vectorized chains: every chain takes its own Hessian (``16 D``
 Hessian-vector products) and ``D x D`` eigendecomposition at each window end
 (and each DEER block). The decomposition itself is cheap on a GPU (1,024
 matrices of ``D = 100`` in 6 ms on an H100, ``benchmarks/window_end.py``);
-the first runs with the Hessian are the slower ones. Measured on an H100
+what else makes a first run of many chains with the Hessian slower than
+with the diagonal estimate is not measured yet. Measured on an H100
 (``docs/performance.md``): item response theory (``D = 501``) with 256
 chains (``3.2e10``) reached error 0.01 in 22 s with the Hessian and 9.5 s
 with NumPyro's diagonal estimate, with 1,024 chains not within 45 s;
