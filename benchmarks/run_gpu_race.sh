@@ -22,6 +22,10 @@
 #                                           # stragglers, D=100 x 256 chains
 #   bash benchmarks/run_gpu_race.sh one_call # first_run_phases.py --one-call:
 #                                           # by method, and the sweep's compile
+#   TARGETS="..." bash benchmarks/run_gpu_race.sh long  # 40-45 s budget
+#                                           # a row (error 0.0001 on the
+#                                           # larger targets), NUTS on the
+#                                           # CPU cores and SAMPLERS on the GPU
 #   bash benchmarks/run_gpu_race.sh hessian_phases  # first_run_phases.py
 #                                           # --one-call: where 1,024 chains
 #                                           # wait with the Hessian metric
@@ -111,6 +115,13 @@ one_call)
     # chain count
     timeout 200 python3 benchmarks/first_run_phases.py --platform gpu --one-call --chains 1024 --methods sequential deer auto --num-warmup 500 --block-size 512 --blocks 2 --json "$out/first_run_one_call_gpu.json"
     timeout 200 python3 benchmarks/first_run_phases.py --platform gpu --one-call --chains 1 1024 --methods deer --sweeps 8 0 --num-warmup 500 --block-size 512 --blocks 2 --json "$out/first_run_sweep_gpu.json"
+    ;;
+long)
+    # where nobody reached 0.0001 within 10-20 s: a longer budget decides
+    # the second threshold (about 9 minutes for two targets as it stands)
+    targets="${TARGETS:-gym_synthetic_irt hierarchical_logistic_regression}"
+    timeout 170 python3 benchmarks/race.py --platform cpu --quick --targets $targets --samplers nuts_diag:16 --budget-seconds 45 --grace-seconds 15 --out "$out/race_cpu_nuts_long"
+    timeout 400 python3 benchmarks/race.py --platform gpu --quick --targets $targets --samplers ${SAMPLERS:-deerhmc_auto:256,1024 chees:256} --budget-seconds 40 --grace-seconds 10 --out "$out/race_gpu_long"
     ;;
 hessian_phases)
     # the timeline of a first call of 1,024 chains with the Hessian metric
