@@ -4,6 +4,7 @@ the compiled warmup, block and init functions (counted through
 
 import contextlib
 import threading
+import time
 from collections import Counter
 
 import jax
@@ -355,3 +356,33 @@ def test_second_run_traces_no_postprocessing():
         )
         mcmc.run(jax.random.PRNGKey(0), *args, **kwargs)
     assert calls == []
+
+
+@pytest.mark.parametrize(("cores", "workers"), [(1, 1), (2, 2), (16, 8)])
+def test_programs_compile_one_per_core_at_most_eight(monkeypatch, cores, workers):
+    monkeypatch.setattr(
+        compile_cache.os, "sched_getaffinity", lambda pid: set(range(cores))
+    )
+    assert compile_cache.compile_workers() == workers
+
+
+def test_background_compiles_run_at_most_the_workers_at_once(monkeypatch):
+    # six programs with two workers: two at a time, every one compiled
+    monkeypatch.setattr(compile_cache, "compile_workers", lambda: 2)
+    lock, running, most = threading.Lock(), [0], [0]
+
+    class Lowered:
+        def compile(self):
+            with lock:
+                running[0] += 1
+                most[0] = max(most[0], running[0])
+            time.sleep(0.05)
+            with lock:
+                running[0] -= 1
+            return "compiled"
+
+    futures = compile_cache.compile_in_background(
+        (f"program {i}", Lowered()) for i in range(6)
+    )
+    assert [f.result(timeout=10) for f in futures.values()] == ["compiled"] * 6
+    assert most[0] == 2
