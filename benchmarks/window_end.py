@@ -26,7 +26,8 @@ GPU:
 
 The curvature points are those of one chain after ``--warmup`` steps of
 ``DEERMALA``'s sequential warmup, each chain's with small noise added. Each
-time is the median of ``--repeats`` calls after a first (compiling) one.
+time is the median of at least ``--repeats`` calls after a first (compiling) one
+(``benchmarks.common.timed``: fast calls repeated to half a second).
 
     PYTHONPATH=. python3 benchmarks/window_end.py --platform gpu \\
         --models eight_schools hierarchical_logistic_regression \\
@@ -37,9 +38,7 @@ time is the median of ``--repeats`` calls after a first (compiling) one.
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
-import time
 from functools import partial
 from pathlib import Path
 
@@ -66,32 +65,11 @@ def parse_args(argv=None):
 
 
 def median_seconds(fn, arg, repeats: int) -> float:
-    import jax
+    """The median time of ``fn(arg)`` after a compiling call
+    (:func:`benchmarks.common.timed`)."""
+    from benchmarks import common
 
-    jax.block_until_ready(fn(arg))
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        jax.block_until_ready(fn(arg))
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
-
-
-def chain_hessians(potential, points, group: int):
-    """Each chain's mean Hessian at its points, ``group`` chains at a time."""
-    import jax
-
-    from numpyro_deer.core.hessian import mean_hessian
-
-    return jax.lax.map(lambda q: mean_hessian(potential, q), points, batch_size=group)
-
-
-def column_hessian(potential, batch, points):
-    """One chain's mean Hessian, ``batch`` columns at a time (``None``: all
-    at once up to ``D = 128``)."""
-    from numpyro_deer.core.hessian import mean_hessian
-
-    return mean_hessian(potential, points, column_batch=batch)
+    return common.timed(lambda: fn(arg), repeats=repeats)[1]["median_s"]
 
 
 def cholesky_inverse(hessian):
@@ -128,10 +106,11 @@ def run_model(name: str, ns) -> list[dict]:
         points = warm_points + 0.01 * noise
         group = min(num_chains, ns.hessian_group)
 
-        hessians = jax.jit(partial(chain_hessians, potential, group=group))
+        hessian = partial(hessian_module.mean_hessian, potential)
+        hessians = jax.jit(partial(jax.lax.map, hessian, batch_size=group))
         matrices = hessians(points)
         by_columns = {
-            batch: jax.jit(jax.vmap(partial(column_hessian, potential, batch)))
+            batch: jax.jit(jax.vmap(partial(hessian, column_batch=batch)))
             for batch in (None, 8)
         }
         temp = {

@@ -60,8 +60,8 @@ def mean_hessian(
     many at a time at any ``D`` above it: under :func:`jax.vmap` over ``C``
     chains all columns at once hold ``C D K`` copies (the D = 100 logistic
     regression of ``benchmarks/``: 131 MB a chain by XLA's plan on a CPU,
-    beyond a GPU's memory with 1,024 chains). Above ``D = 256`` fewer points are used
-    (:func:`points_within_budget`).
+    beyond a GPU's memory with 1,024 chains). Above ``D = 256`` fewer points
+    are used (:func:`points_within_budget`).
     """
     points = points_within_budget(points)
     grad = jax.grad(potential)

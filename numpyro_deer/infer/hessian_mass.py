@@ -172,7 +172,8 @@ def hessian_mass(
     metric is kept: under the Hessian mass the adapter estimates none of its
     own). The step size search in the new metric is
     :func:`~numpyro_deer.infer.warmup.restart_step_size`'s. ``vectorized``:
-    one of vectorized chains (:func:`window_end_columns`)."""
+    ``state`` is one chain of several mapped side by side (the Hessian's
+    columns then by :func:`window_end_columns`)."""
     inverse, sqrt, sqrt_inv, finite = hessian_inverse_mass(
         potential, points, window_end_columns(vectorized)
     )
