@@ -128,7 +128,8 @@ COUNT_KEYS = ("gradients", "critical_path_gradients", "scan_levels")
 class Tracker:
     """Running moments, errors against the truth and the clock of one run."""
 
-    def __init__(self, truth, budget_s: float, stop_at: float):
+    def __init__(self, truth, budget_s: float, stop_at: float, stream=None):
+        self.stream = stream  # stream(snapshot) after every segment
         self.m = np.concatenate([t.mean for t in truth.values()])
         self.s = np.concatenate([t.sd for t in truth.values()])
         self.var2 = 2 * self.s**4 + 4 * self.m**2 * self.s**2
@@ -187,6 +188,8 @@ class Tracker:
         self.s1, self.s2, self.n = c1[-1], c2[-1], self.n + n
         self.counts = self.counts + counts
         self.t_last = t_end
+        if self.stream is not None:
+            self.stream({"warmup_s": self.warmup_s, "checkpoints": self.checkpoints})
 
     def done(self) -> bool:
         """Stop at the budget, or at the accuracy after two segments at least
@@ -263,8 +266,9 @@ def retime(row: dict) -> dict:
 
 
 # ----------------------------------------------------------------- worker
-def run_one(spec: dict) -> dict:
-    """One competitor on one target with one chain count (in this process)."""
+def run_one(spec: dict, stream=None) -> dict:
+    """One competitor on one target with one chain count (in this process);
+    ``stream(snapshot)`` after each segment (the worker prints it)."""
     import gym_models
     import jax
     import race_samplers
@@ -272,7 +276,7 @@ def run_one(spec: dict) -> dict:
     if spec.get("x64"):
         jax.config.update("jax_enable_x64", True)
     target = gym_models.get_target(spec["target"])
-    tracker = Tracker(target.truth, spec["budget_s"], min(THRESHOLDS))
+    tracker = Tracker(target.truth, spec["budget_s"], min(THRESHOLDS), stream)
     out = {k: spec[k] for k in ("target", "sampler", "chains")}
     try:
         race_samplers.SAMPLERS[spec["sampler"]](target, spec["chains"], spec, tracker)
@@ -294,8 +298,13 @@ def run_one(spec: dict) -> dict:
     return out
 
 
+def _print_partial(snapshot: dict) -> None:
+    print("PARTIAL " + json.dumps(snapshot), flush=True)
+
+
 def run_subprocess(spec: dict, cpu_devices: int, grace_s: float) -> dict:
-    """``run_one`` in a fresh process, killed ``grace_s`` after the budget."""
+    """``run_one`` in a fresh process, killed ``grace_s`` after the budget
+    (:func:`worker_row`: a timeout keeps its finished segments)."""
     env = dict(os.environ)
     if spec["platform"] == "cpu":
         env["JAX_PLATFORMS"] = "cpu"
@@ -310,17 +319,26 @@ def run_subprocess(spec: dict, cpu_devices: int, grace_s: float) -> dict:
             text=True,
             timeout=spec["budget_s"] + grace_s,
         )
-    except subprocess.TimeoutExpired:
-        return {**spec, "status": "timeout", "checkpoints": [], "reached": {}}
-    for line in proc.stdout.splitlines():
+    except subprocess.TimeoutExpired as killed:
+        return worker_row(spec, killed.stdout, "timeout")
+    return worker_row(spec, proc.stdout, f"crashed: {proc.stderr[-500:]}")
+
+
+def worker_row(spec: dict, stdout, status: str) -> dict:
+    """The row a worker printed (its ``RESULT`` line), else ``status`` with
+    the checkpoints of its last ``PARTIAL`` line: a worker killed after the
+    budget (a last segment or the process's exit running long) keeps what it
+    reached."""
+    if isinstance(stdout, bytes):
+        stdout = stdout.decode(errors="replace")
+    partial = {"checkpoints": []}
+    for line in (stdout or "").splitlines():
         if line.startswith("RESULT "):
             return json.loads(line[len("RESULT ") :])
-    return {
-        **spec,
-        "status": f"crashed: {proc.stderr[-500:]}",
-        "checkpoints": [],
-        "reached": {},
-    }
+        if line.startswith("PARTIAL "):
+            partial = json.loads(line[len("PARTIAL ") :])
+    points = partial["checkpoints"]
+    return {**spec, **partial, "status": status, "reached": reached_table(points)}
 
 
 # ----------------------------------------------------------------- output
@@ -566,7 +584,8 @@ def main(argv=None):
         type=float,
         default=300.0,
         help="a run still going this long after its budget is killed (warmup "
-        "cannot be cut short) and reported as a timeout",
+        "cannot be cut short) and reported as a timeout, with the checkpoints "
+        "of the segments it finished",
     )
     parser.add_argument(
         "--summarize",
@@ -587,8 +606,9 @@ def main(argv=None):
     if ns.retime:
         return retime_table(ns.retime)
     if ns.worker:
-        print("RESULT " + json.dumps(run_one(json.loads(ns.worker))), flush=True)
-        return None
+        row = run_one(json.loads(ns.worker), stream=_print_partial)
+        print("RESULT " + json.dumps(row), flush=True)
+        os._exit(0)  # measured: no wait for compiles still under way at exit
 
     import gym_models
     import race_samplers

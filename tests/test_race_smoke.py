@@ -94,6 +94,33 @@ def test_first_segment_is_timed_back_from_its_end():
     assert [c["wall_s"] for c in tracker.checkpoints[:4]] == [0.0, 0.0, 0.0, 1.0]
 
 
+def test_a_killed_worker_keeps_its_streamed_checkpoints(capsys):
+    """The worker prints a snapshot after every segment; a worker killed
+    after the budget (its last segment or its exit running long) is a
+    timeout that keeps the thresholds it reached, and a printed result
+    wins over the snapshots."""
+    truth = {"a": gym_models.Truth(np.array([0.0]), np.array([1.0]))}
+    tracker = race.Tracker(truth, 1e9, 0.0, stream=race._print_partial)
+    tracker.warmup_done(race.Counts())
+    x, x2 = np.zeros((4, 1)), np.ones((4, 1))
+    tracker.segment(x, x2, chains=1, counts=race.Counts(8.0, 4.0))
+    tracker.segment(x + 5.0, x2 + 25.0, chains=1, counts=race.Counts(8.0, 4.0))
+    printed = capsys.readouterr().out
+    assert printed.count("PARTIAL ") == 2
+    spec = {"target": "t", "sampler": "s", "chains": 1}
+    row = race.worker_row(spec, printed.encode(), "timeout")
+    assert row["status"] == "timeout"
+    assert len(row["checkpoints"]) == len(tracker.checkpoints) == 8
+    # exact moments from the first draw on: every threshold reached there
+    assert row["reached"] == race.reached_table(tracker.checkpoints)
+    assert row["reached"]["0.0001"]["wall_s"] == tracker.checkpoints[0]["wall_s"]
+    assert row["reached"]["0.0001"]["gradients"] == 2.0  # a quarter segment
+    done = printed + "RESULT " + '{"status": "ok"}' + "\n"
+    assert race.worker_row(spec, done, "timeout") == {"status": "ok"}
+    nothing = race.worker_row(spec, None, "timeout")
+    assert nothing["checkpoints"] == [] and nothing["reached"]["0.01"] is None
+
+
 def _available(sampler):
     if (
         sampler in race_samplers.BLACKJAX_SAMPLERS
