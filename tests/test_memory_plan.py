@@ -9,6 +9,7 @@ block of all chains at once; where one chain alone does not fit it raises.
 """
 
 import re
+import warnings
 from concurrent.futures import Future
 from types import SimpleNamespace
 
@@ -18,16 +19,19 @@ import pytest
 
 from benchmarks.models import gaussian_mean_model
 from numpyro_deer import DEERMALA, MCMC
-from numpyro_deer.infer import chains, compile_cache, host_run, memory, program
+from numpyro_deer.infer import chains, compile_cache, driver, host_run, memory, program
+from numpyro_deer.infer import kernel as kernel_module
+from numpyro_deer.infer.method import MethodChoice
 
-from .helpers import compile_log, gaussian_data
+from .helpers import compile_log, compiled_now, gaussian_data
 
 CHAINS = 7  # groups of 3 leave a remainder: 3 groups of 3, two slots repeated
 
 
-def _run(key=3):
+def _run(key=3, kernel=None):
     args, kwargs = gaussian_data(0.5)
-    kernel = DEERMALA(gaussian_mean_model, block_size=32, method="deer")
+    if kernel is None:
+        kernel = DEERMALA(gaussian_mean_model, block_size=32, method="deer")
     mcmc = MCMC(
         kernel,
         num_warmup=20,
@@ -114,6 +118,37 @@ def test_one_chain_that_does_not_fit_raises(accelerator_chains, monkeypatch):
     ):
         _run()
     assert accelerator_chains[-1] > 12_000
+
+
+def test_auto_never_groups_its_deer_trial(accelerator_chains, monkeypatch):
+    """Where DEER's block of all chains does not fit but the sequential
+    scan's does, ``method="auto"`` takes the sequential scan and says why: no
+    program in groups is compiled (the calling thread would wait for those
+    compiles), and the draws are the sequential scan's."""
+    everything = _whole_block_bytes()
+    measured = accelerator_chains
+    measured.clear()
+    budget = int(0.6 * everything)
+    _fake_free(monkeypatch, budget)
+    monkeypatch.setattr(compile_cache, "compile_in_background", compiled_now)
+    monkeypatch.setattr(driver, "device_choice", lambda: MethodChoice("deer", "", {}))
+    monkeypatch.setattr(kernel_module, "device_method", lambda: "deer")
+    kernel = DEERMALA(gaussian_mean_model, block_size=32)
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        auto = _run(kernel=kernel)
+    assert not [w for w in record if "groups of" in str(w.message)]
+    choice = kernel.method_choice
+    assert kernel.method_chosen == "sequential" and choice.final
+    assert "does not fit" in choice.reason and "Set block_size=" in choice.reason
+    # the sequential block (fits), then DEER's of all chains (does not, read
+    # by the check and the plan): no program of a group compiled
+    assert measured[0] <= budget < everything
+    assert measured[1:] == [everything, everything]
+    sequential = _run(
+        kernel=DEERMALA(gaussian_mean_model, block_size=32, method="sequential")
+    )
+    np.testing.assert_allclose(auto, sequential, rtol=1e-10, atol=0)
 
 
 def _whole_block_bytes() -> int:

@@ -29,7 +29,7 @@ from numpyro_deer.infer.method import MethodChoice, fitted_block_size
 from numpyro_deer.infer.progress import UPDATE_SECONDS, next_chunk
 from numpyro_deer.infer.transit import warmup_transit
 
-from .helpers import compile_log, gaussian_data
+from .helpers import compile_log, compiled_now, gaussian_data
 
 LOG = compile_log()
 
@@ -71,15 +71,6 @@ def test_auto_is_sequential_on_a_cpu():
     assert kernel.method_chosen == "sequential"
     assert kernel.method_choice.reason.startswith("CPU")
     assert kernel.method_choice.seconds == {}
-
-
-def compiled_now(lowered):
-    """``compile_in_background`` that returns when every program is compiled."""
-    futures = {}
-    for name, low in lowered:
-        futures[name] = Future()
-        futures[name].set_result(low.compile())
-    return futures
 
 
 @pytest.fixture

@@ -18,10 +18,9 @@ The states, the collection and ``last_state`` are those stock ``MCMC`` builds, s
 are the same for the same key. Kernels that are not block kernels run through
 the stock loop. The warmup loop and the block step are compiled in the
 background, side by side, and each runs as soon as its own compile is done
-(:mod:`~numpyro_deer.infer.host_run`); they are shared by every ``MCMC``
-object with the same model, settings and shapes
-(:mod:`~numpyro_deer.infer.compile_cache`), so a second ``run`` does not
-compile them again.
+(:mod:`~numpyro_deer.infer.host_run`); they are shared by every ``MCMC`` object
+with the same model, settings and shapes (:mod:`~numpyro_deer.infer.compile_cache`),
+so a second ``run`` does not compile them again.
 """
 
 from __future__ import annotations
@@ -377,6 +376,7 @@ class MCMC(numpyro.infer.MCMC):
                     run,
                     checked=checked,
                     grouped=partial(program_in_groups, run),
+                    ungrouped=tuple(trials[1:]),  # method="auto": DEER never grouped
                 ),
                 placed=kernel.mesh is not None,
             )

@@ -211,15 +211,8 @@ def plan_chain_group(
                 return plan
             return _wider(plan, one_chain, free, num_chains, compile_group)
         if g == 1:
-            check_block_memory(
-                used,
-                free,
-                block_size,
-                what=f"per block with one of its {num_chains} vectorized chains "
-                "at a time",
-                kernel=kernel,
-                multiple=multiple,
-            )
+            what = f"per block with one of its {num_chains} vectorized chains at a time"
+            check_block_memory(used, free, block_size, what, kernel, multiple)
         points.append((g, used))
         (g0, b0), (g1, b1) = points[-2], points[-1]
         slope = (b0 - b1) / (g0 - g1) if b0 > b1 else b1 / g1
@@ -331,6 +324,7 @@ def fit_program(
     compiled,
     checked,
     grouped: Callable[[str, int], Any],
+    ungrouped: tuple[str, ...] = (),
 ):
     """The program ``name`` to run (a block step, or the Hessian mass
     matrix's ``"window_end"``): ``compiled`` if it fits the device's free
@@ -338,13 +332,17 @@ def fit_program(
     (``run``: the :class:`~.host_run.HostRun`), the same program with the
     chains in groups, the largest that fits (:func:`plan_chain_group`;
     ``grouped(name, group)`` is the program to lower for a group), with a
-    warning. ``compiled`` may be a :class:`CompileOutOfMemory`.
+    warning. ``compiled`` may be a :class:`CompileOutOfMemory`. Never for
+    the names in ``ungrouped``: ``method="auto"``'s DEER trial would wait for
+    the groups' compiles (item response theory, 256 chains, an H100: over
+    160 s) where the sequential scan is ready.
 
     Raises ``ValueError`` (the memory check's) where even one chain's program
-    does not fit, or the chains are not vectorized.
+    does not fit, or the chains are not vectorized or not to be grouped.
     """
     free = free_device_bytes()
     groups = run.batched and kernel.mesh is None and num_chains > 1
+    groups = groups and name not in ungrouped
     if name == "window_end" and not groups:  # runs as it is (or fails: XLA's)
         if isinstance(compiled, CompileOutOfMemory):
             raise compiled.error
