@@ -608,7 +608,7 @@ def main(argv=None):
     if ns.worker:
         row = run_one(json.loads(ns.worker), stream=_print_partial)
         print("RESULT " + json.dumps(row), flush=True)
-        os._exit(0)  # measured: no wait for compiles still under way at exit
+        os._exit(0)  # the row is out: no wait for compiles still under way
 
     import gym_models
     import race_samplers
