@@ -121,7 +121,7 @@ long)
     # the second threshold (about 9 minutes for two targets as it stands)
     targets="${TARGETS:-gym_synthetic_irt hierarchical_logistic_regression}"
     timeout 170 python3 benchmarks/race.py --platform cpu --quick --targets $targets --samplers nuts_diag:16 --budget-seconds 45 --grace-seconds 15 --out "$out/race_cpu_nuts_long"
-    timeout 400 python3 benchmarks/race.py --platform gpu --quick --targets $targets --samplers ${SAMPLERS:-deerhmc_auto:256,1024 chees:256} --budget-seconds 40 --grace-seconds 10 --out "$out/race_gpu_long"
+    timeout 400 python3 benchmarks/race.py --platform gpu --quick --targets $targets --samplers ${SAMPLERS:-deerhmc_auto:256,1024 chees:256} --budget-seconds 40 --grace-seconds 20 --out "$out/race_gpu_long"
     ;;
 hessian_phases)
     # the timeline of a first call of 1,024 chains with the Hessian metric
