@@ -211,6 +211,7 @@ CASES = {
         "--block-size",
         "16",
     ],
+    "convergence_check.py": ["--shapes", "16x64x3", "--repeats", "1"],
     "window_end.py": [
         "--models",
         "eight_schools",

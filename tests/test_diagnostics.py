@@ -21,6 +21,7 @@ from numpyro.diagnostics import split_gelman_rubin
 import numpyro_deer
 from benchmarks.models import gaussian_mean_model
 from numpyro_deer import DEERMALA, MCMC, ConvergenceDiagnosticWarning
+from numpyro_deer.infer import diagnostics
 from numpyro_deer.infer.diagnostics import (
     MIN_ESS,
     convergence_message,
@@ -93,6 +94,32 @@ def test_many_short_chains_use_the_nested_rhat():
     result = diagnose({"x": x})
     assert not result.converged and result.rhat_site == "x[1]"
     assert result.max_rhat > 1.01 and result.min_ess > MIN_ESS
+
+
+def test_many_chains_are_checked_on_evenly_spaced_chains(monkeypatch):
+    """Where every chain's shortest thinning exceeds the check's values,
+    evenly spaced chains stand for all: the check looks at about
+    ``MAX_VALUES`` values, its ESS is scaled to all chains (within 15 % of
+    the ESS of every chain), and a quarter of the chains elsewhere is still
+    found."""
+    rng = np.random.default_rng(4)
+    x = _ar1(rng, (512, 64, 48), 0.5)  # 1.6 million values
+    looked = []
+    check = diagnostics._check_batch
+
+    def record(batch, nested):
+        looked.append(batch.size)
+        return check(batch, nested)
+
+    full = diagnose({"x": x}, max_values=x.size)
+    monkeypatch.setattr(diagnostics, "_check_batch", record)
+    result = diagnose({"x": x})
+    assert sum(looked) <= diagnostics.MAX_VALUES < x.size
+    assert result.num_chains == 512 and result.converged
+    assert result.min_ess == pytest.approx(full.min_ess, rel=0.15)
+    x[:128, :, 7] += 0.5
+    result = diagnose({"x": x})
+    assert not result.converged and result.rhat_site == "x[7]"
 
 
 def test_nested_rhat_with_one_chain_per_superchain_is_rhat_without_split():

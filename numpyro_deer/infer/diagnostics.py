@@ -33,8 +33,16 @@ chain is thinned evenly to at most :data:`MAX_DRAWS` draws, and to fewer
 would exceed :data:`MAX_VALUES` (about a million: a fraction of a second):
 thinning keeps the mean and the variance, and an ESS below 400 after
 thinning is that of the whole chain to within the thinning's loss, which is
-small where the ESS is small. Components that are constant or not finite are
-left out. The message also gives the number of divergent
+small where the ESS is small. Where even :data:`MIN_DRAWS` of every chain
+exceed it (many vectorized chains), evenly spaced chains stand for all
+(:data:`MIN_CHAINS` at least, so every superchain keeps several), their ESS
+scaled by the ratio of the chain counts. On a 2-core CPU
+(``benchmarks/convergence_check.py``), 1,024 stationary AR(1) chains
+(coefficient 0.95) of 512 draws of 100 components are checked in 0.16 s (1.3 s
+with every chain), against 16 s for every draw of every chain, with the
+smallest ESS within 2 % of that computation's and the largest nested R-hat
+1.003 against 1.001. Components that are constant or not finite are left
+out. The message also gives the number of divergent
 transitions (the ``diverging`` field, when collected). Silence the check with
 ``warnings.simplefilter("ignore", numpyro_deer.ConvergenceDiagnosticWarning)``.
 
@@ -62,11 +70,13 @@ MAX_RHAT = 1.01
 # from this many chains on, the nested R-hat over SUPERCHAINS superchains
 NESTED_CHAINS = 8
 SUPERCHAINS = 4
-# draws per chain kept for the check (evenly thinned), and the number of
-# values (chains x draws x components) it looks at, at most about
+# draws per chain kept for the check (evenly thinned), the number of values
+# (chains x draws x components) it looks at, at most about, and the chains
+# kept at least where MIN_DRAWS of every chain exceed it
 MAX_DRAWS = 4096
 MIN_DRAWS = 64
 MAX_VALUES = 2**20
+MIN_CHAINS = 4 * SUPERCHAINS
 # components per numpy batch (bounds the FFT's memory)
 _BATCH_VALUES = 2**21
 
@@ -148,10 +158,12 @@ def _check_batch(x: np.ndarray, nested: bool) -> tuple[np.ndarray, np.ndarray]:
     return np.asarray(ess, float), np.asarray(rhat, float)
 
 
-def diagnose(samples: dict) -> RunDiagnostics | None:
+def diagnose(samples: dict, max_values: int = MAX_VALUES) -> RunDiagnostics | None:
     """The bulk ESS and R-hat of every component of ``samples`` (site ->
     draws of shape ``(chains, draws, ...)``), or ``None`` if there are fewer
-    than 4 draws per chain or no component varies."""
+    than 4 draws per chain or no component varies; from about
+    ``max_values`` of the draws (evenly thinned, then evenly spaced chains,
+    their ESS scaled to all chains)."""
     arrays = {k: v for k, v in samples.items() if np.ndim(v) >= 2}
     if not arrays:
         return None
@@ -159,18 +171,21 @@ def diagnose(samples: dict) -> RunDiagnostics | None:
     if draws < 4:
         return None
     size = sum(int(np.prod(np.shape(v)[2:], dtype=int)) for v in arrays.values())
-    keep = min(draws, MAX_DRAWS, max(MIN_DRAWS, MAX_VALUES // max(chains * size, 1)))
+    keep = min(draws, MAX_DRAWS, max(MIN_DRAWS, max_values // max(chains * size, 1)))
     index = np.unique(np.linspace(0, draws - 1, keep).round().astype(int))
+    kept = min(chains, max(MIN_CHAINS, max_values // max(len(index) * size, 1)))
+    rows = np.unique(np.linspace(0, chains - 1, kept).round().astype(int))
     nested = chains >= NESTED_CHAINS
     ess_all, rhat_all, names = [], [], []
     for site, value in arrays.items():
-        x = np.asarray(value[:, index], dtype=np.float64)
-        x = x.reshape(chains, len(index), -1)
+        x = np.asarray(np.asarray(value)[rows][:, index], dtype=np.float64)
+        x = x.reshape(len(rows), len(index), -1)
         names += _component_names(site, np.shape(value)[2:])
         step = max(1, _BATCH_VALUES // (chains * len(index)))
         for start in range(0, x.shape[2], step):
             batch = x[:, :, start : start + step]
             ess, rhat = _check_batch(batch, nested)
+            ess = ess * (chains / len(rows))
             usable = np.isfinite(batch).all(axis=(0, 1)) & (np.ptp(batch, (0, 1)) > 0)
             ess_all.append(np.where(usable & np.isfinite(ess), ess, np.inf))
             rhat_all.append(np.where(usable & np.isfinite(rhat), rhat, -np.inf))
