@@ -181,7 +181,7 @@ def diagnose(samples: dict, max_values: int = MAX_VALUES) -> RunDiagnostics | No
         x = np.asarray(np.asarray(value)[rows][:, index], dtype=np.float64)
         x = x.reshape(len(rows), len(index), -1)
         names += _component_names(site, np.shape(value)[2:])
-        step = max(1, _BATCH_VALUES // (chains * len(index)))
+        step = max(1, _BATCH_VALUES // (len(rows) * len(index)))
         for start in range(0, x.shape[2], step):
             batch = x[:, :, start : start + step]
             ess, rhat = _check_batch(batch, nested)
