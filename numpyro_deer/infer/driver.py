@@ -56,6 +56,7 @@ from .host_run import (
     run_warmup,
     warmup_plan,
 )
+from .keys import chain_keys
 from .method import device_choice
 from .progress import Progress
 from .protocol import is_block_kernel
@@ -131,17 +132,16 @@ class MCMC(numpyro.infer.MCMC):
         state["_flat_collection"] = None
         return state
 
-    def run(self, *args, **kwargs):
-        # chains run inside pmap (chain_method="parallel") report their
-        # failed-block counts from the devices; warn once here
+    def run(self, rng_key, *args, **kwargs):
+        # pmap's chains (chain_method="parallel") report failed blocks: warn once
         self._chain_stats = []
         self._flat_collection = None
         phase = compat.run_phase(self)  # "warmup" inside warmup()
         block = is_block_kernel(self.sampler)
+        keys = chain_keys(rng_key, self.num_chains)  # NumPyro's split, no compile
         with reraise_convergence_error(), compat.chains_first_on_the_host(self, block):
-            result = super().run(*args, **kwargs)
-            # the counts arrive through host callbacks, which JAX runs
-            # asynchronously: wait for every pending one before reading them
+            result = super().run(keys, *args, **kwargs)
+            # host callbacks bring the counts asynchronously: wait for them all
             jax.effects_barrier()
         if self._flat_collection is not None:
             # one chain: the flat draws are the block loop's own collection
