@@ -53,8 +53,8 @@ def host_split(key, num: int) -> np.ndarray | None:
         or not isinstance(key, np.ndarray | jax.Array)
         or key.dtype != np.uint32
         or key.shape != (2,)
-        or jax.config.jax_default_prng_impl != "threefry2x32"
-        or not jax.config.jax_threefry_partitionable
+        or getattr(jax.config, "jax_default_prng_impl", None) != "threefry2x32"
+        or not getattr(jax.config, "jax_threefry_partitionable", False)
         or not 0 < num < 2**32
     ):
         return None
