@@ -178,7 +178,7 @@ def diagnose(samples: dict, max_values: int = MAX_VALUES) -> RunDiagnostics | No
     nested = chains >= NESTED_CHAINS
     ess_all, rhat_all, names = [], [], []
     for site, value in arrays.items():
-        x = np.asarray(np.asarray(value)[rows][:, index], dtype=np.float64)
+        x = np.asarray(np.asarray(value)[rows[:, None], index], dtype=np.float64)
         x = x.reshape(len(rows), len(index), -1)
         names += _component_names(site, np.shape(value)[2:])
         step = max(1, _BATCH_VALUES // (len(rows) * len(index)))
