@@ -10,8 +10,9 @@ computation without its bound on the values looked at (``max_values`` the
 array's size: every chain, every draw up to ``MAX_DRAWS`` per chain), whose
 smallest ESS and largest R-hat the check estimates, and the check's
 thinning with every chain (``every chain s``: the check before it spaced the
-chains). Each check's time is the median of ``--repeats`` calls; the others
-run once.
+chains). Each time is ``benchmarks.common.timed``'s median of ``--repeats``
+calls or more after a first (fast calls repeated to half a second), or the
+first call alone where it took over a second.
 
     PYTHONPATH=. python benchmarks/convergence_check.py \\
         --shapes 1x100000x2 4x4096x25 256x1024x10 1024x1024x10 1024x512x50 \\
@@ -21,9 +22,7 @@ run once.
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -51,16 +50,6 @@ def ar1(rng, shape: tuple[int, ...], rho: float) -> np.ndarray:
     return x
 
 
-def median_seconds(fn, repeats: int):
-    """``(result, median seconds)`` of ``repeats`` calls."""
-    times, result = [], None
-    for _ in range(repeats):
-        tic = time.perf_counter()
-        result = fn()
-        times.append(time.perf_counter() - tic)
-    return result, statistics.median(times)
-
-
 def main(argv=None) -> list[dict]:
     ns = parse_args(argv)
     from benchmarks import common
@@ -72,7 +61,6 @@ def main(argv=None) -> list[dict]:
     for text in ns.shapes:
         shape = tuple(int(n) for n in text.split("x"))  # chains, draws, components
         draws = {"x": ar1(rng, shape, ns.rho)}
-        check, check_s = median_seconds(lambda d=draws: diagnose(d), ns.repeats)
         size = draws["x"].size
         # the same thinning with every chain: the bound raised to their values
         chains, length, dim = shape
@@ -80,10 +68,17 @@ def main(argv=None) -> list[dict]:
             length, dg.MAX_DRAWS, max(dg.MIN_DRAWS, dg.MAX_VALUES // (chains * dim))
         )
         every = max(dg.MAX_VALUES, chains * keep * dim)
-        _, chains_s = median_seconds(lambda d=draws, n=every: diagnose(d, n), 1)
-        full, full_s = median_seconds(
-            lambda d=draws, n=size: diagnose(d, max_values=n), 1
-        )
+
+        def seconds(max_values, d=draws):
+            # a call of over a second once (nothing compiles: it is the time)
+            result, timing = common.timed(
+                lambda: diagnose(d, max_values), ns.repeats, single_run_above_s=1.0
+            )
+            return result, timing["median_s"]
+
+        check, check_s = seconds(dg.MAX_VALUES)
+        _, chains_s = seconds(every)
+        full, full_s = seconds(size)
         rows.append({
             "shape": text, "values": size, "check_s": check_s,
             "check_min_ess": check.min_ess, "check_max_rhat": check.max_rhat,

@@ -38,7 +38,7 @@ exceed it (many vectorized chains), evenly spaced chains stand for all
 (:data:`MIN_CHAINS` at least, so every superchain keeps several), their ESS
 scaled by the ratio of the chain counts. On a 2-core CPU
 (``benchmarks/convergence_check.py``), 1,024 stationary AR(1) chains
-(coefficient 0.95) of 512 draws of 100 components are checked in 0.16 s (1.3 s
+(coefficient 0.95) of 512 draws of 100 components are checked in 0.16 s (1.4 s
 with every chain), against 16 s for every draw of every chain, with the
 smallest ESS within 2 % of that computation's and the largest nested R-hat
 1.003 against 1.001. Components that are constant or not finite are left
