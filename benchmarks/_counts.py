@@ -86,12 +86,22 @@ class TransitionCost:
     carried: int
 
 
-def transition_cost(kernel) -> TransitionCost:
-    """The :class:`TransitionCost` of a ``DEERMALA`` or ``DEERHMC``."""
-    leapfrog = getattr(kernel, "num_steps", None)
-    if leapfrog is None:  # MALA
+def transition_cost(kernel, num_steps=None) -> TransitionCost:
+    """The :class:`TransitionCost` of a ``DEERMALA`` or ``DEERHMC``:
+    ``num_steps`` leapfrog steps (a run's ``state.num_steps``: under
+    ``DEERHMC(num_steps="auto")`` the count chosen at the end of warmup),
+    default those of the kernel's transition (warmup's)."""
+    if num_steps is None:
+        num_steps = getattr(kernel.transition, "num_steps", None)
+    if num_steps is None:  # MALA
         return TransitionCost(2, 1)
-    return TransitionCost(int(leapfrog) + 1, int(leapfrog))
+    return TransitionCost(int(num_steps) + 1, int(num_steps))
+
+
+def run_num_steps(mcmc) -> int:
+    """The leapfrog count of a run's sampling transitions (its last state's;
+    1 for MALA, whose cost is HMC's with one step)."""
+    return int(np.max(np.asarray(mcmc.last_state.num_steps)))
 
 
 def deer_blocks(
@@ -146,11 +156,14 @@ def deer_blocks(
     return Counts(float(work.sum()), float(critical), float(scan))
 
 
-def deer_kernel_blocks(kernel, iterations, fronts, dim: int, lockstep=True) -> Counts:
+def deer_kernel_blocks(
+    kernel, iterations, fronts, dim: int, lockstep=True, num_steps=None
+) -> Counts:
     """:func:`deer_blocks` with the settings read from a ``DEERMALA`` or
     ``DEERHMC`` (its run's solver, whose ``solve_basis="auto"`` the kernel
-    resolved at ``init``, and block size)."""
-    cost = transition_cost(kernel)
+    resolved at ``init``, and block size); ``num_steps``: as for
+    :func:`transition_cost` (:func:`run_num_steps`)."""
+    cost = transition_cost(kernel, num_steps)
     its = np.asarray(iterations)
     blocks = its.shape[-1] if its.ndim else 1
     chains = its.shape[0] if its.ndim == 2 else 1

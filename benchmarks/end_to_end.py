@@ -280,6 +280,7 @@ def _counts_of(mcmc, spec, warm_fields, chains, is_nuts) -> dict:
             np.asarray(fields["newton_iterations"])[:, ::block],
             np.asarray(fields["block.info.front"])[:, ::block],
             dim,
+            num_steps=_counts.run_num_steps(mcmc),
         )
     )
     return counts.as_dict()

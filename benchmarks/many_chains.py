@@ -138,7 +138,9 @@ def measure(
     straggler_its = np.asarray(fields["block.info.straggler_iterations"])[:, ::B]
     straggler_its = straggler_its.max(0)
     dim = sum(int(np.size(v)) for v in jax.tree.leaves(mcmc.last_state.z)) // chains
-    counts = _counts.deer_kernel_blocks(kernel, its, fronts, dim)
+    counts = _counts.deer_kernel_blocks(
+        kernel, its, fronts, dim, num_steps=_counts.run_num_steps(mcmc)
+    )
     draws = chains * blocks * B
     return {
         "model": model,

@@ -542,7 +542,10 @@ def main(argv=None):
     parser.add_argument("--mala-warmup", type=int, default=None)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
-        "--hmc-leapfrog", type=int, default=4, help="DEERHMC's num_steps"
+        "--hmc-leapfrog",
+        type=lambda v: v if v == "auto" else int(v),
+        default="auto",
+        help="DEERHMC's num_steps ('auto', its default, or a count)",
     )
     parser.add_argument(
         "--deer-warmup",

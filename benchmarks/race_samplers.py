@@ -14,7 +14,8 @@ The clock starts before anything is traced, so compilation and warmup count.
   computed one step after the other, vectorized chains.
 * ``deer``: ``DEERMALA`` (DEER), its defaults, vectorized chains.
 * ``hmc_seq`` / ``deerhmc`` / ``deerhmc_auto``: ``DEERHMC`` (``num_steps``
-  leapfrog steps, ``settings["hmc_leapfrog"]``, 4 by default) computed
+  ``settings["hmc_leapfrog"]``: ``"auto"`` by default, as the kernel's, or a
+  count; the ``_pw`` rows take 4 unless a count is given) computed
   sequentially / by DEER / by its default ``method="auto"`` (what a user of
   ``DEERHMC(model)`` gets: the sequential scan while DEER's program compiles,
   then the faster of the two), vectorized chains (up to 1,024 and more:
@@ -192,6 +193,7 @@ def _deer_competitor(target, chains, settings, tracker, kernel, warmup):
                 np.asarray(fields["newton_iterations"])[:, ::block],
                 np.asarray(fields["block.info.front"])[:, ::block],
                 dim,
+                num_steps=_counts.run_num_steps(mcmc),
             )
             tracker.segment(np.asarray(s1), np.asarray(s2), chains, counts)
             mcmc.post_warmup_state = mcmc.last_state
@@ -240,13 +242,14 @@ def mala(method: str) -> Callable:
 
 
 def hmc(method: str) -> Callable:
-    """``DEERHMC`` (its defaults but ``num_steps``: ``settings["hmc_leapfrog"]``)."""
+    """``DEERHMC`` (its defaults but ``num_steps``: ``settings["hmc_leapfrog"]``,
+    ``"auto"`` by default)."""
 
     def run(target, chains, settings, tracker):
         options = {
             "block_size": settings["block_size"],
             "method": method,
-            "num_steps": settings.get("hmc_leapfrog", 4),
+            "num_steps": settings.get("hmc_leapfrog", "auto"),
         }
         options = _with_warmup_hook(numpyro_deer.DEERHMC, settings, options)
         kernel = numpyro_deer.DEERHMC(target.model, **options)
@@ -300,7 +303,8 @@ def parallel_warmup_row(leapfrog: bool) -> Callable:
         x = deer_initial_positions(target, chains, settings["seed"])
         dim = x.shape[1]
         if leapfrog:
-            transition = HMC(num_steps=settings.get("hmc_leapfrog", 4))
+            leapfrog = settings.get("hmc_leapfrog")
+            transition = HMC(num_steps=leapfrog if isinstance(leapfrog, int) else 4)
             choices = tuple(settings.get("pw_steps") or PW_STEPS)
         else:
             transition, choices = MALA(), None

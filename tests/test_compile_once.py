@@ -116,10 +116,17 @@ def test_compiler_options_by_backend_unless_the_user_sets_the_flag(monkeypatch):
     options = compile_cache.compiler_options
     monkeypatch.delenv("XLA_FLAGS", raising=False)
     monkeypatch.setattr(compile_cache.jax, "default_backend", lambda: "gpu")
-    for briefly in (False, True):
-        assert options(briefly) == {compile_cache.TRITON_GEMM: False}
+    assert options() == {compile_cache.TRITON_GEMM: False}
+    # the programs that run briefly are not autotuned either
+    assert options(runs_briefly=True) == {
+        compile_cache.TRITON_GEMM: False,
+        compile_cache.AUTOTUNE: 0,
+    }
     monkeypatch.setenv("XLA_FLAGS", "--xla_gpu_enable_triton_gemm=true")
     assert options() is None
+    assert options(runs_briefly=True) == {compile_cache.AUTOTUNE: 0}
+    monkeypatch.setenv("XLA_FLAGS", "--xla_gpu_autotune_level=4")
+    assert options(runs_briefly=True) == {compile_cache.TRITON_GEMM: False}
     monkeypatch.delenv("XLA_FLAGS")
     # on a CPU only the programs that run briefly skip LLVM's optimisation
     monkeypatch.setattr(compile_cache.jax, "default_backend", lambda: "cpu")

@@ -8,6 +8,8 @@ goes through all of it. Tiny sizes, float64 (conftest).
 
 import jax
 import numpy as np
+import numpyro
+import numpyro.distributions as dist
 import pytest
 from numpyro.infer import MCMC as StockMCMC
 
@@ -61,7 +63,8 @@ def test_posterior_matches_the_closed_form():
     mu = np.asarray(mcmc.get_samples()["mu"])
     np.testing.assert_allclose(mu.mean(), exact.mean, atol=5 * exact.std / 30)
     np.testing.assert_allclose(mu.std(), exact.std, rtol=0.15)
-    assert kernel.num_steps == 4 and kernel.transition == HMC(4, 0.2)
+    # "auto": warmup's transition takes 4 steps; here the count stays 4
+    assert kernel.num_steps == "auto" and kernel.transition == HMC(4, 0.2)
     # the default method is "auto": on the CPU, the sequential scan
     if jax.default_backend() == "cpu":
         assert kernel.method_chosen == "sequential"
@@ -98,6 +101,7 @@ def test_chain_methods(chain_method):
     [
         ({"num_steps": 0}, r"num_steps=0\): use an integer >= 1"),
         ({"num_steps": 2.5}, r"num_steps=2.5\): use an integer >= 1"),
+        ({"num_steps": "long"}, r"num_steps='long'\): use an integer >= 1 .* or 'auto'"),
         ({"jitter": 1.0}, r"jitter=1.0\): the step size jitter must be a number in"),
         ({"target_accept_prob": 1.5}, r"target_accept_prob=1.5: use a value"),
     ],
@@ -105,3 +109,53 @@ def test_chain_methods(chain_method):
 def test_bad_arguments_are_named(kwargs, match):
     with pytest.raises(ValueError, match=match):
         DEERHMC(gaussian_mean_model, **kwargs)
+
+
+def standard_normal_200():
+    numpyro.sample("x", dist.Normal(0.0, 1.0).expand([200]).to_event(1))
+
+
+def _auto_run(method, driver, num_chains=2):
+    """``num_steps="auto"`` on a 200-dimensional standard normal, 2 vectorized
+    chains: the adapted step size is about 0.25, so the quarter period takes
+    more than warmup's 4 steps."""
+    solver = DEERSolver(atol=1e-12, rtol=1e-10)
+    kernel = DEERHMC(standard_normal_200, block_size=32, method=method, solver=solver)
+    mcmc = driver(
+        kernel, num_warmup=60, num_samples=64, num_chains=num_chains,
+        chain_method="vectorized", progress_bar=False,
+    )  # fmt: skip
+    mcmc.run(jax.random.PRNGKey(3), extra_fields=("num_steps",))
+    steps = np.asarray(mcmc.get_extra_fields(group_by_chain=True)["num_steps"])
+    eps = np.asarray(mcmc.last_state.adapt_state.step_size)
+    return np.asarray(mcmc.get_samples(group_by_chain=True)["x"]), steps, eps
+
+
+@pytest.fixture(scope="module")
+def auto_sequential():
+    return _auto_run("sequential", MCMC)
+
+
+def test_auto_num_steps_is_the_quarter_period_of_the_median_step_size(
+    auto_sequential,
+):
+    _, steps, eps = auto_sequential
+    expected = int(np.clip(np.ceil((np.pi / 2) / np.median(eps)), 1, 32))
+    assert expected > 4  # the count changed at the end of warmup
+    np.testing.assert_array_equal(steps, expected)  # every draw, both chains
+
+
+def test_auto_num_steps_blocks_are_the_sequential_chain(auto_sequential):
+    draws, steps, _ = _auto_run("deer", MCMC)
+    np.testing.assert_array_equal(steps, auto_sequential[1])
+    np.testing.assert_allclose(draws, auto_sequential[0], atol=1e-8)
+
+
+def test_stock_mcmc_chooses_the_same_count():
+    """One chain through stock ``MCMC`` and ``numpyro_deer.MCMC``: the count is
+    chosen inside the warmup step, so both drivers give the same draws."""
+    stock = _auto_run("sequential", StockMCMC, num_chains=1)
+    ours = _auto_run("sequential", MCMC, num_chains=1)
+    assert stock[1].min() > 4
+    np.testing.assert_array_equal(stock[1], ours[1])
+    np.testing.assert_allclose(stock[0], ours[0], atol=1e-12)

@@ -31,6 +31,7 @@ from numpyro_deer.core import (
     make_hmc_tape,
     make_sequential_step,
     make_step_fn,
+    num_steps_for,
     sequential_chain,
 )
 
@@ -228,3 +229,11 @@ def test_stationary_moments_of_a_correlated_gaussian():
     assert 0.6 < float(jnp.mean(infos.accept_prob)) < 1.0
     assert_allclose(states.mean(0), mu, atol=0.1)
     assert_allclose(np.cov(states.T), cov, atol=0.25, rtol=0.05)
+
+
+def test_num_steps_for_a_quarter_period():
+    eps = jnp.asarray([0.5, 0.3, 0.1, 10.0, 1e-4, jnp.nan, jnp.inf])
+    steps = np.asarray(num_steps_for(eps))
+    np.testing.assert_array_equal(steps, [4, 6, 16, 1, 32, 32, 1])
+    assert steps.dtype == np.int32
+    assert int(num_steps_for(0.3, trajectory=3.0, max_steps=8)) == 8

@@ -18,7 +18,14 @@ chain one step after the other. Example::
 from .certificate import leading_passed, step_passes
 from .gates import Gate, HardGate, SigmoidGate, gated_select
 from .hessian import curvature_basis, mean_hessian, mean_hessian_eigh
-from .hmc import HMC, HMCTape, hmc_proposal_step, leapfrog, make_hmc_tape
+from .hmc import (
+    HMC,
+    HMCTape,
+    hmc_proposal_step,
+    leapfrog,
+    make_hmc_tape,
+    num_steps_for,
+)
 from .jacobian import (
     AutoJacobian,
     DiagonalJacobian,
@@ -84,6 +91,7 @@ __all__ = [
     "leading_passed",
     "leapfrog",
     "make_hmc_tape",
+    "num_steps_for",
     "make_sequential_step",
     "make_step_fn",
     "make_tape",

@@ -37,6 +37,7 @@ HMC flags it (``max_delta_energy``); the selection goes through
 
 from __future__ import annotations
 
+import math
 import numbers
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -228,6 +229,36 @@ class TracedHMC(NamedTuple):
     make_tape = HMC.make_tape
     step = HMC.step
     rotate_tape = HMC.rotate_tape
+
+
+QUARTER_PERIOD = math.pi / 2
+"""The trajectory :func:`num_steps_for` aims at: a quarter period of a
+direction of unit curvature in the metric."""
+
+MAX_NUM_STEPS = 32
+"""The most leapfrog steps :func:`num_steps_for` gives (a floor on the step
+size it pays for)."""
+
+
+def num_steps_for(
+    step_size: Array, trajectory: float = QUARTER_PERIOD, max_steps: int = MAX_NUM_STEPS
+) -> Array:
+    r"""Leapfrog steps for a trajectory of length ``trajectory`` at ``step_size``:
+    :math:`L = \lceil \tau / \epsilon \rceil`, clipped to ``[1, max_steps]``
+    (an int32 array).
+
+    In a metric that whitens the posterior (the inverse mean Hessian, or the
+    draws' variances), a direction of unit curvature oscillates with period
+    :math:`2\pi` under the leapfrog dynamics. A quarter period
+    (:math:`\tau = \pi / 2`, the default) takes a draw to a nearly independent
+    point in both its value and its square, where half a period would give
+    antithetic values and an unchanged square (Neal, 2011, section 5.4.2.2).
+    A fixed ``L`` misses it as the adapted step size shrinks with the
+    dimension (about :math:`D^{-1/4}`).
+    """
+    steps = jnp.ceil(trajectory / jnp.asarray(step_size))
+    steps = jnp.where(jnp.isfinite(steps), steps, max_steps)
+    return jnp.clip(steps, 1, max_steps).astype(jnp.int32)
 
 
 def split_leapfrog(transition) -> tuple[object, Array]:

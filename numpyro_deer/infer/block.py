@@ -76,6 +76,9 @@ class DEERState(NamedTuple):
             spread over the later warmup, then over the previous block
             (without warmup draws, the initial point repeated: see
             :func:`pilot_points`).
+        num_steps: gradients per transition of the sampling blocks: HMC's
+            leapfrog steps (``DEERHMC(num_steps="auto")``: the count chosen at
+            the end of warmup), 1 for MALA.
     """
 
     i: Array
@@ -90,6 +93,7 @@ class DEERState(NamedTuple):
     rng_key: Array
     block: BlockBuffer
     curvature_points: Array
+    num_steps: Array
 
 
 NUM_CURVATURE_POINTS = 16

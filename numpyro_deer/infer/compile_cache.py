@@ -151,6 +151,10 @@ OPT_LEVEL = "xla_backend_optimization_level"
 """The XLA option :func:`compiler_options` sets to 0 on a CPU for the
 programs that run briefly."""
 
+AUTOTUNE = "xla_gpu_autotune_level"
+"""The XLA option :func:`compiler_options` sets to 0 on a GPU for the
+programs that run briefly."""
+
 
 def compiler_options(runs_briefly: bool = False) -> dict[str, Any] | None:
     """The XLA options the package compiles its programs with.
@@ -174,16 +178,22 @@ def compiler_options(runs_briefly: bool = False) -> dict[str, Any] | None:
     stochastic volatility 11 and 13 %; the warmup loop, the window end and
     the blocks run long enough to keep the optimisation (the warmup loop at
     level 0 too: the D = 100 regression's first ``mcmc.run`` about 15 %
-    longer). A user's own ``XLA_FLAGS`` setting of either option wins
-    (nothing set then); other backends get no options.
+    longer). On a GPU the programs that run briefly are compiled without
+    XLA's autotuning of their products and convolutions (``AUTOTUNE`` 0): it
+    times candidate kernels for each shape, which pays only in programs that
+    run long. A user's own ``XLA_FLAGS`` setting of any of these options wins
+    (that one not set then); other backends get no options.
     """
     flags = os.environ.get("XLA_FLAGS", "")
     backend = jax.default_backend()
+    options: dict[str, Any] = {}
     if backend == "gpu" and TRITON_GEMM not in flags:
-        return {TRITON_GEMM: False}
+        options[TRITON_GEMM] = False
+    if backend == "gpu" and runs_briefly and AUTOTUNE not in flags:
+        options[AUTOTUNE] = 0
     if backend == "cpu" and runs_briefly and OPT_LEVEL not in flags:
-        return {OPT_LEVEL: 0}
-    return None
+        options[OPT_LEVEL] = 0
+    return options or None
 
 
 def jit(fun: Callable, runs_briefly: bool = False, **kwargs) -> Callable:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 
 from jax.sharding import Mesh
 from numpyro.infer.initialization import init_to_uniform
@@ -10,6 +11,7 @@ from numpyro.infer.initialization import init_to_uniform
 from ..core.hmc import HMC
 from ..core.newton import DEERSolver
 from .kernel import DEERKernel
+from .trajectory import INITIAL_NUM_STEPS
 
 
 class DEERHMC(DEERKernel):
@@ -41,12 +43,15 @@ class DEERHMC(DEERKernel):
         potential_fn: instead of a model, a potential energy on a pytree of
             unconstrained values; ``init_params`` must then be given to
             ``MCMC.run``.
-        num_steps: leapfrog steps per transition (``L``). ``4`` (the default)
-            is a trajectory of about ``pi / 2`` in the metric of the Hessian
-            mass matrix at the step size of the default target acceptance,
-            a quarter period of a unit-curvature direction; longer
-            trajectories cost more Newton iterations per block and more
-            gradients per iteration.
+        num_steps: leapfrog steps per transition (``L``), or ``"auto"`` (the
+            default): warmup takes 4, and at its end the sampling transitions
+            take :math:`\lceil (\pi / 2) / \epsilon \rceil` (at most 32) for
+            the adapted step size :math:`\epsilon` (the median over
+            vectorized chains, which share the count): a trajectory of a
+            quarter period of a unit-curvature direction in the adapted
+            metric (:func:`~numpyro_deer.core.hmc.num_steps_for`). The count
+            is the extra field ``"num_steps"``. Longer trajectories cost more
+            gradients per transition and more Newton iterations per block.
         jitter: each transition's step size is the adapted one times a factor
             drawn uniformly from ``[1 - jitter, 1 + jitter]`` (on the tape),
             which breaks the periodicity of a fixed trajectory length.
@@ -70,7 +75,7 @@ class DEERHMC(DEERKernel):
         model: Callable | None = None,
         potential_fn: Callable | None = None,
         *,
-        num_steps: int = 4,
+        num_steps: int | str = "auto",
         jitter: float = 0.2,
         step_size: float = 1.0,
         adapt_step_size: bool = True,
@@ -85,8 +90,14 @@ class DEERHMC(DEERKernel):
         validate_model: bool = True,
         mesh: Mesh | None = None,
     ):
+        adapt = isinstance(num_steps, str)
+        if adapt and num_steps != "auto":
+            raise ValueError(
+                f"DEERHMC(num_steps={num_steps!r}): use an integer >= 1 (leapfrog "
+                "steps per transition) or 'auto' (chosen at the end of warmup)."
+            )
         super().__init__(
-            HMC(num_steps=num_steps, jitter=jitter),
+            HMC(num_steps=INITIAL_NUM_STEPS if adapt else num_steps, jitter=jitter),
             model,
             potential_fn,
             step_size=step_size,
@@ -102,8 +113,11 @@ class DEERHMC(DEERKernel):
             validate_model=validate_model,
             mesh=mesh,
         )
+        if adapt:
+            self._settings = replace(self._settings, adapt_num_steps=True)
 
     @property
-    def num_steps(self) -> int:
-        """Leapfrog steps per transition."""
-        return self.transition.num_steps
+    def num_steps(self) -> int | str:
+        """The ``num_steps`` argument: leapfrog steps per transition, or
+        ``"auto"`` (a run's count is the extra field ``"num_steps"``)."""
+        return "auto" if self._settings.adapt_num_steps else self.transition.num_steps

@@ -204,8 +204,10 @@ def initial_state(
     adapter_init: Callable,
     step_size: float,
     block_size: int,
+    num_steps: int = 1,
 ) -> DEERState:
-    """The state before the first warmup step, at ``params``.
+    """The state before the first warmup step, at ``params``, its
+    transitions of ``num_steps`` gradients.
 
     ``adapter_init`` is NumPyro's ``warmup_adapter`` init
     (:attr:`~numpyro_deer.infer.warmup.Adapter.init`) at ``step_size``; its
@@ -233,4 +235,5 @@ def initial_state(
         curvature_points=jnp.broadcast_to(
             z_flat, (NUM_CURVATURE_POINTS,) + z_flat.shape
         ),
+        num_steps=jnp.asarray(num_steps, jnp.int32),
     )

@@ -27,6 +27,7 @@ from numpyro.infer.hmc_util import build_adaptation_schedule
 from numpyro.util import identity
 
 from . import compile_cache
+from ..core.warmup_cost import gradients_per_transition
 from .block import emit_draw
 from .chains import check_initial_potential, float_params, map_chains, on_cpu
 from .checks import translate_tracer_errors
@@ -35,6 +36,7 @@ from .hessian_mass import hessian_mass, hessian_window_ends, is_hessian_window_e
 from .initial import check_initial_values, initial_state
 from .refill import refill_chains
 from .settings import KernelSettings
+from .trajectory import choose_num_steps
 from .warmup import (
     Adapter,
     build_adapter,
@@ -178,6 +180,7 @@ class BlockProgram:
                 self.adapter(potential_flat).init,
                 self.settings.step_size,
                 self.block_size,
+                gradients_per_transition(self.settings.transition),
             )
         return state, valid
 
@@ -253,6 +256,8 @@ class BlockProgram:
             )
             shared = shared_schedule(step, state) if batched else step
             new = self._map_chains(shared, state) if batched else step(state)
+            if self.settings.adapt_num_steps:
+                new = choose_num_steps(new, self.num_warmup, batched)
         if not (window_end and self.mass_adaptation == "hessian"):
             return new
         first = (lambda t: jax.tree.map(lambda a: a[0], t)) if batched else identity

@@ -49,6 +49,7 @@ from .block import (
 from .chains import map_groups
 from .hessian_mass import adapt_mass_sqrt, auto_solve_basis
 from .mesh import TimeMesh
+from .trajectory import block_transition
 
 
 def solve_potential(
@@ -358,11 +359,12 @@ def refill_chains(
     """
     s = settings
     ravel = lambda z: ravel_pytree(z)[0]  # noqa: E731
+    transition = block_transition(s, state, batched)
 
     def refill(one):
         return refill_block(
             one, potential_flat, ravel, s.solver, method, s.on_failure,
-            s.transition, s.mesh, pilot,
+            transition, s.mesh, pilot,
         )  # fmt: skip
 
     if not batched:
@@ -378,7 +380,7 @@ def refill_chains(
             ravel=ravel,
             solver=s.solver,
             on_failure=s.on_failure,
-            transition=s.transition,
+            transition=transition,
             pilot=pilot,
         )
         if s.chain_group is None:

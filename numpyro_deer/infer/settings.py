@@ -111,6 +111,8 @@ class KernelSettings:
             kernel argument: :class:`numpyro_deer.MCMC` sets it on a copy of
             the run's program when the block of all chains does not fit the
             device (:func:`~numpyro_deer.infer.memory.plan_chain_group`).
+        adapt_num_steps: HMC's leapfrog count chosen at the end of warmup
+            (``DEERHMC(num_steps="auto")``, :mod:`~numpyro_deer.infer.trajectory`).
 
     The other attributes are the kernel's arguments of the same names.
     """
@@ -130,6 +132,7 @@ class KernelSettings:
     validate_model: bool
     mesh: TimeMesh | None
     chain_group: int | None = None
+    adapt_num_steps: bool = False
 
     def key(self, blocks: bool = True) -> tuple:
         """The settings the kernel's programs depend on: with ``blocks``
@@ -147,5 +150,6 @@ class KernelSettings:
             self.target_accept_prob,
             self.mesh,
             self.chain_group,
+            self.adapt_num_steps,
         )
         return common + ((self.solver, self.on_failure) if blocks else ())
