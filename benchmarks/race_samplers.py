@@ -303,8 +303,8 @@ def parallel_warmup_row(leapfrog: bool) -> Callable:
         x = deer_initial_positions(target, chains, settings["seed"])
         dim = x.shape[1]
         if leapfrog:
-            leapfrog = settings.get("hmc_leapfrog")
-            transition = HMC(num_steps=leapfrog if isinstance(leapfrog, int) else 4)
+            count = settings.get("hmc_leapfrog")
+            transition = HMC(num_steps=count if isinstance(count, int) else 4)
             choices = tuple(settings.get("pw_steps") or PW_STEPS)
         else:
             transition, choices = MALA(), None

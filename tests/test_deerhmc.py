@@ -101,7 +101,7 @@ def test_chain_methods(chain_method):
     [
         ({"num_steps": 0}, r"num_steps=0\): use an integer >= 1"),
         ({"num_steps": 2.5}, r"num_steps=2.5\): use an integer >= 1"),
-        ({"num_steps": "long"}, r"num_steps='long'\): use an integer >= 1 .* or 'auto'"),
+        ({"num_steps": "long"}, r"num_steps='long'\): use an integer >= 1 .*'auto'"),
         ({"jitter": 1.0}, r"jitter=1.0\): the step size jitter must be a number in"),
         ({"target_accept_prob": 1.5}, r"target_accept_prob=1.5: use a value"),
     ],

@@ -26,8 +26,8 @@ from jax.flatten_util import ravel_pytree
 from numpyro.infer.hmc_util import build_adaptation_schedule
 from numpyro.util import identity
 
-from . import compile_cache
 from ..core.warmup_cost import gradients_per_transition
+from . import compile_cache
 from .block import emit_draw
 from .chains import check_initial_potential, float_params, map_chains, on_cpu
 from .checks import translate_tracer_errors

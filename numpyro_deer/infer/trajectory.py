@@ -34,9 +34,7 @@ def choose_num_steps(state: DEERState, num_warmup: int, batched: bool) -> DEERSt
     chosen = num_steps_for(jnp.median(state.adapt_state.step_size))
     if batched:
         chosen = jnp.broadcast_to(chosen, state.num_steps.shape)
-    return state._replace(
-        num_steps=jnp.where(i == num_warmup, chosen, state.num_steps)
-    )
+    return state._replace(num_steps=jnp.where(i == num_warmup, chosen, state.num_steps))
 
 
 def block_transition(settings: Any, state: DEERState, batched: bool):
