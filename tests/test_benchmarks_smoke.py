@@ -22,6 +22,16 @@ BENCHMARKS = ROOT / "benchmarks"
 TINY_MODEL = ["--models", "eight_schools", "--warmup", "20"]
 
 CASES = {
+    "trajectory_length.py": [
+        "--targets",
+        "ill_conditioned_gaussian",
+        "--chains",
+        "2",
+        "--warmup",
+        "30",
+        "--draws",
+        "40",
+    ],
     "suite.py": [
         *TINY_MODEL,
         "--draws",
@@ -290,6 +300,7 @@ BENCH_ONLY = {
     "method_auto.py",
     "paper.py",
     "parallel_warmup.py",
+    "trajectory_length.py",
     "vectorized_chains.py",
     "warmup_cost.py",
     "window_end.py",

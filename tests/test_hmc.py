@@ -237,3 +237,4 @@ def test_num_steps_for_a_quarter_period():
     np.testing.assert_array_equal(steps, [4, 6, 16, 1, 32, 32, 1])
     assert steps.dtype == np.int32
     assert int(num_steps_for(0.3, trajectory=3.0, max_steps=8)) == 8
+    assert int(num_steps_for(0.5, min_steps=5)) == 5

@@ -241,11 +241,14 @@ size it pays for)."""
 
 
 def num_steps_for(
-    step_size: Array, trajectory: float = QUARTER_PERIOD, max_steps: int = MAX_NUM_STEPS
+    step_size: Array,
+    trajectory: float = QUARTER_PERIOD,
+    min_steps: int = 1,
+    max_steps: int = MAX_NUM_STEPS,
 ) -> Array:
     r"""Leapfrog steps for a trajectory of length ``trajectory`` at ``step_size``:
-    :math:`L = \lceil \tau / \epsilon \rceil`, clipped to ``[1, max_steps]``
-    (an int32 array).
+    :math:`L = \lceil \tau / \epsilon \rceil`, clipped to ``[min_steps,
+    max_steps]`` (an int32 array).
 
     In a metric that whitens the posterior (the inverse mean Hessian, or the
     draws' variances), a direction of unit curvature oscillates with period
@@ -258,7 +261,7 @@ def num_steps_for(
     """
     steps = jnp.ceil(trajectory / jnp.asarray(step_size))
     steps = jnp.where(jnp.isfinite(steps), steps, max_steps)
-    return jnp.clip(steps, 1, max_steps).astype(jnp.int32)
+    return jnp.clip(steps, min_steps, max_steps).astype(jnp.int32)
 
 
 def split_leapfrog(transition) -> tuple[object, Array]:

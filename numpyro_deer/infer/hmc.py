@@ -45,7 +45,7 @@ class DEERHMC(DEERKernel):
             ``MCMC.run``.
         num_steps: leapfrog steps per transition (``L``), or ``"auto"`` (the
             default): warmup takes 4, and at its end the sampling transitions
-            take :math:`\lceil (\pi / 2) / \epsilon \rceil` (at most 32) for
+            take :math:`\lceil (\pi / 2) / \epsilon \rceil` (4 to 32) for
             the adapted step size :math:`\epsilon` (the median over
             vectorized chains, which share the count): a trajectory of a
             quarter period of a unit-curvature direction in the adapted
