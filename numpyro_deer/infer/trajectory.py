@@ -8,10 +8,10 @@ chains: all of them, so that they share one count; one chain: its own): a
 trajectory of a quarter period in the metric, and never fewer steps than
 warmup's. Measured (``benchmarks/trajectory_length.py``, 8 chains, smallest
 ESS per 1,000 gradients of the values / of their squares): the Gym's item
-response theory with the diagonal metric (D = 501, step size 0.2) 0.27 / 0.73
-with 4 steps, 0.92 / 3.31 with the 8 chosen; a hierarchical logistic
+response theory with the diagonal metric (D = 501, step size 0.2) 0.50 / 2.62
+with 4 steps, 1.74 / 2.82 with the 8 chosen; a hierarchical logistic
 regression (D = 91) 22 / 37 with 4, 27 / 53 with 5; eight schools, where the
-quarter period would be 3 steps, 50 / 56 with 4 and 35 / 21 with 3 (hence
+quarter period would be 3 steps, 50 / 56 with 4 and 39 / 27 with 3 (hence
 the floor). The count lives in the state (``DEERState.num_steps``, an
 extra field as NumPyro's ``HMCState.num_steps`` is), so ``numpyro.infer.MCMC``
 and :class:`numpyro_deer.MCMC` give the same draws, and a run continued from
