@@ -55,7 +55,9 @@ to that checkpoint (``benchmarks/_counts.py`` computes them):
     chains (a lower bound of the lockstep count).
   - Sequential MALA / HMC (``method="sequential"``): every transition, one
     gradient per MALA step and ``L`` per HMC transition (the gradient is
-    carried), plus one at each block's start.
+    carried), plus one at each block's start. ``L`` is the run's
+    ``state.num_steps`` (``DEERHMC(num_steps="auto")`` chooses it at the end
+    of warmup; warmup's transitions take 4).
   - A DEER block of ``B`` transitions (``newton_iterations`` and
     ``block.info.front`` extra fields), counted by
     ``numpyro_deer.core.warmup_cost.solve_costs`` (the parallel warmup's own

@@ -7,6 +7,7 @@ count out from the rule (not from the code under test) and compares.
 import sys
 import warnings
 from pathlib import Path
+from types import SimpleNamespace
 
 import jax
 import numpy as np
@@ -21,7 +22,7 @@ import gym_models  # noqa: E402
 import race  # noqa: E402
 
 import numpyro_deer  # noqa: E402
-from numpyro_deer import DEERSolver  # noqa: E402
+from numpyro_deer import DEERHMC, DEERMALA, DEERSolver  # noqa: E402
 
 # tests of benchmarks/, not of the package: a CI job of their own
 pytestmark = pytest.mark.harness
@@ -159,6 +160,20 @@ def test_sequential_hmc_counts_leapfrog_steps():
     last = row["checkpoints"][-1]
     assert last["critical_path_gradients"] == 20 * (L + 1) + 1 + 16 * L
     assert last["gradients"] == 3 * (20 * (L + 1) + 1 + 16 * L)
+
+
+def test_auto_leapfrog_counts_warmup_and_sampling_apart():
+    """``DEERHMC(num_steps="auto")``: warmup's transitions are counted with
+    its 4 steps, the blocks' with the count the run's state holds."""
+    target = gym_models.get_target("eight_schools")
+    hmc, mala = DEERHMC(target.model), DEERMALA(target.model)
+    assert _counts.transition_cost(hmc) == _counts.TransitionCost(5, 4)
+    assert _counts.transition_cost(hmc, 7) == _counts.TransitionCost(8, 7)
+    assert _counts.transition_cost(mala) == _counts.TransitionCost(2, 1)
+    # MALA's state holds 1: its cost is HMC's with one step
+    assert _counts.transition_cost(mala, 1) == _counts.TransitionCost(2, 1)
+    run = SimpleNamespace(last_state=SimpleNamespace(num_steps=np.array([6, 6])))
+    assert _counts.run_num_steps(run) == 6
 
 
 def test_vectorized_nuts_samples_and_counts_the_slowest_chain():
