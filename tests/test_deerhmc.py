@@ -159,3 +159,19 @@ def test_stock_mcmc_chooses_the_same_count():
     assert stock[1].min() > 4
     np.testing.assert_array_equal(stock[1], ours[1])
     np.testing.assert_allclose(stock[0], ours[0], atol=1e-12)
+
+
+def test_auto_num_steps_stays_in_the_post_warmup_state(auto_sequential):
+    """``mcmc.warmup`` then ``mcmc.run``: the count chosen at the end of warmup
+    is the state's, and the sampling run takes it."""
+    kernel = DEERHMC(standard_normal_200, block_size=32, method="sequential")
+    mcmc = MCMC(
+        kernel, num_warmup=60, num_samples=32, num_chains=2,
+        chain_method="vectorized", progress_bar=False,
+    )  # fmt: skip
+    mcmc.warmup(jax.random.PRNGKey(3))
+    chosen = np.asarray(mcmc.post_warmup_state.num_steps)
+    np.testing.assert_array_equal(chosen, auto_sequential[1][:, 0])
+    mcmc.run(jax.random.PRNGKey(4), extra_fields=("num_steps",))
+    steps = np.asarray(mcmc.get_extra_fields(group_by_chain=True)["num_steps"])
+    np.testing.assert_array_equal(steps, auto_sequential[1][:, :32])
