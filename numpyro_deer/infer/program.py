@@ -174,14 +174,10 @@ class BlockProgram:
         potential_flat = self.potential_flat(args, kwargs)
         with _precision():
             state = initial_state(
-                float_params(params),
-                key,
-                potential_flat,
-                self.adapter(potential_flat).init,
-                self.settings.step_size,
-                self.block_size,
-                gradients_per_transition(self.settings.transition),
-            )
+                float_params(params), key, potential_flat,
+                self.adapter(potential_flat).init, self.settings.step_size,
+                self.block_size, gradients_per_transition(self.settings.transition),
+            )  # fmt: skip
         return state, valid
 
     def initialized(self, output):

@@ -13,21 +13,22 @@ with 4 steps, 1.74 / 2.82 with the 8 chosen; a hierarchical logistic
 regression (D = 91) 22 / 37 with 4, 27 / 53 with 5; eight schools, where the
 quarter period would be 3 steps, 50 / 56 with 4 and 39 / 27 with 3 (hence
 the floor). The count lives in the state (``DEERState.num_steps``, an
-extra field as NumPyro's ``HMCState.num_steps`` is), so ``numpyro.infer.MCMC``
-and :class:`numpyro_deer.MCMC` give the same draws, and a run continued from
-``post_warmup_state`` keeps it. The blocks' transition takes the count as a
+extra field as NumPyro's ``HMCState.num_steps`` is): it is chosen inside the
+warmup step, the same under ``numpyro.infer.MCMC`` and
+:class:`numpyro_deer.MCMC`, and a run continued from ``post_warmup_state``
+keeps it. The blocks' transition takes the count as a
 traced value (:class:`~numpyro_deer.core.hmc.TracedHMC`): the block programs
 compile while warmup runs, before the count is known.
 """
 
 from __future__ import annotations
 
-from typing import Any
-
 import jax.numpy as jnp
 
 from ..core.hmc import num_steps_for, split_leapfrog, with_leapfrog
+from ..core.transition import Transition
 from .block import DEERState
+from .settings import KernelSettings
 
 INITIAL_NUM_STEPS = 4
 """Leapfrog steps of warmup's transitions under ``num_steps="auto"``."""
@@ -44,7 +45,9 @@ def choose_num_steps(state: DEERState, num_warmup: int, batched: bool) -> DEERSt
     return state._replace(num_steps=jnp.where(i == num_warmup, chosen, state.num_steps))
 
 
-def block_transition(settings: Any, state: DEERState, batched: bool):
+def block_transition(
+    settings: KernelSettings, state: DEERState, batched: bool
+) -> Transition:
     """The transition of a block: the kernel's, or under ``num_steps="auto"``
     HMC with the state's count (vectorized chains share it; the largest is
     taken should they differ)."""
