@@ -545,6 +545,17 @@ def rows_per_model(run_model, ns) -> list[dict]:
     return rows
 
 
+MASS_WORDS = ("auto", "hessian", "true", "false")
+"""The command-line words of the kernels' ``adapt_mass_matrix``."""
+
+
+def adapt_mass_matrix(word: str | None) -> bool | str | None:
+    """The kernels' ``adapt_mass_matrix`` for a word of :data:`MASS_WORDS`:
+    ``"true"`` and ``"false"`` as booleans, the others (and ``None``) as
+    they are."""
+    return {"true": True, "false": False}.get(word, word)
+
+
 def fmt(value: Any, spec: str = ".3g") -> str:
     """Format a table cell; ``None`` and NaN print as ``-``."""
     if value is None:

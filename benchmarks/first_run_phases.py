@@ -84,7 +84,7 @@ def _child(
     bench = BENCHMARK_MODELS[model]
     args, kwargs = bench.make_data()
     solver = {} if sweep is None else {"solver": numpyro_deer.DEERSolver(sweep=sweep)}
-    adapt = {"true": True, "false": False}.get(mass, mass)
+    adapt = common.adapt_mass_matrix(mass)
     kernel = numpyro_deer.DEERHMC(
         bench.model,
         num_steps=4,
@@ -189,8 +189,7 @@ def main(argv=None) -> list[dict]:
         help="a row per DEERSolver(sweep=K) (default: the default solver)",
     )  # fmt: skip
     parser.add_argument(
-        "--masses", nargs="+", default=["auto"],
-        choices=("auto", "hessian", "true", "false"),
+        "--masses", nargs="+", default=["auto"], choices=common.MASS_WORDS,
         help="a row per adapt_mass_matrix (true: NumPyro's diagonal estimate)",
     )  # fmt: skip
     parser.add_argument("--json", default=None)

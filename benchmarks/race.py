@@ -122,6 +122,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from _counts import Counts  # noqa: E402
+from common import MASS_WORDS, adapt_mass_matrix  # noqa: E402
 
 THRESHOLDS = (1e-2, 1e-4)
 COUNT_KEYS = ("gradients", "critical_path_gradients", "scan_levels")
@@ -521,7 +522,7 @@ def settings(ns) -> dict:
         "hmc_leapfrog": ns.hmc_leapfrog,
         "deerhmc_warmup": ns.mala_warmup or (500 if quick else 1000),
         "deer_warmup": ns.deer_warmup,
-        "deer_mass": {"true": True, "false": False}.get(ns.deer_mass, ns.deer_mass),
+        "deer_mass": adapt_mass_matrix(ns.deer_mass),
         "pw_windows": ns.pw_windows,
         "pw_sequential": ns.pw_sequential,
         "pw_block": ns.pw_block,
@@ -557,7 +558,7 @@ def main(argv=None):
     )
     parser.add_argument(
         "--deer-mass",
-        choices=("auto", "hessian", "true", "false"),
+        choices=MASS_WORDS,
         default=None,
         help="passed to DEERMALA/DEERHMC as adapt_mass_matrix= (default: "
         "theirs, 'auto')",

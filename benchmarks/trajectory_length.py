@@ -37,6 +37,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
+import common  # noqa: E402
+
 TARGETS = [
     "gym_eight_schools",
     "gym_brownian_motion_missing_middle",
@@ -53,7 +55,9 @@ def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--targets", nargs="+", default=TARGETS)
     parser.add_argument("--num-steps", nargs="+", type=_count, default=[4, "auto"])
-    parser.add_argument("--mass", default="auto", help="adapt_mass_matrix")
+    parser.add_argument(
+        "--mass", default="auto", choices=common.MASS_WORDS, help="adapt_mass_matrix"
+    )
     parser.add_argument("--chains", type=int, default=8)
     parser.add_argument("--warmup", type=int, default=500)
     parser.add_argument("--draws", type=int, default=1000)
@@ -73,7 +77,7 @@ def run_row(target, num_steps, ns) -> dict:
 
     import numpyro_deer
 
-    mass = {"true": True, "false": False}.get(ns.mass, ns.mass)
+    mass = common.adapt_mass_matrix(ns.mass)
     kernel = numpyro_deer.DEERHMC(
         target.model, num_steps=num_steps, method="sequential",
         adapt_mass_matrix=mass, block_size=ns.draws,
@@ -116,7 +120,6 @@ def run_row(target, num_steps, ns) -> dict:
 
 def main(argv=None) -> list[dict]:
     ns = parse_args(argv)
-    import common
     from gym_models import get_target
 
     rows = []
