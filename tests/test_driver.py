@@ -27,6 +27,7 @@ from numpyro_deer import (
     DEERConvergenceWarning,
     DEERSolver,
 )
+from numpyro_deer.infer import compile_cache
 
 from .helpers import STOCK_RUN_CONFIG, compile_log, gaussian_data
 
@@ -334,6 +335,31 @@ def test_chain_methods(chain_method):
     np.testing.assert_allclose(np.mean(draws), -1.0, atol=0.3)
     stats = mcmc.get_extra_fields(group_by_chain=True)
     assert stats["potential_energy"].shape == (3, 200)
+
+
+def test_parallel_chains_with_the_packages_compiler_options(monkeypatch):
+    """Under NumPyro's ``pmap`` (``chain_method="parallel"``) the programs the
+    package jits with compiler options are part of the chains' program and
+    run without them: JAX takes options on a top-level ``jax.jit`` only. (The
+    tests' own ``XLA_FLAGS`` switch the package's options off; here they are
+    on, as on a user's CPU or GPU.)"""
+    options = {compile_cache.OPT_LEVEL: 0}
+    monkeypatch.setattr(
+        compile_cache, "compiler_options", lambda briefly=False: options
+    )
+    compile_cache.clear()  # functions jitted without options by other tests
+    try:
+        args, kwargs = gaussian_data(-1.0)
+        mcmc = _driver(
+            block_size=16, num_warmup=20, num_samples=32, num_chains=2,
+            chain_method="parallel",
+        )  # fmt: skip
+        mcmc.run(jax.random.PRNGKey(4), *args, **kwargs)
+    finally:
+        compile_cache.clear()
+    draws = mcmc.get_samples(group_by_chain=True)["mu"]
+    assert draws.shape == (2, 32) and np.all(np.isfinite(draws))
+    assert not np.allclose(draws[0], draws[1])
 
 
 def test_hessian_basis_gives_the_same_chain_in_fewer_iterations():

@@ -198,8 +198,37 @@ def compiler_options(runs_briefly: bool = False) -> dict[str, Any] | None:
 
 def jit(fun: Callable, runs_briefly: bool = False, **kwargs) -> Callable:
     """:func:`jax.jit` with the package's :func:`compiler_options`, for the
-    programs the kernel and the driver compile."""
-    return jax.jit(fun, compiler_options=compiler_options(runs_briefly), **kwargs)
+    programs the kernel and the driver compile (:class:`OptionsJit`)."""
+    options = compiler_options(runs_briefly)
+    jitted = jax.jit(fun, compiler_options=options, **kwargs)
+    if options is None:
+        return jitted
+    return OptionsJit(jitted, jax.jit(fun, **kwargs))
+
+
+class OptionsJit:
+    """A function jitted with compiler options, called inside another
+    transformation without them.
+
+    JAX takes compiler options on a top-level ``jax.jit`` only: called with
+    traced arguments (a chain per device under NumPyro's ``pmap``,
+    ``chain_method="parallel"``) the function is part of the enclosing
+    program, and ``plain`` (the same function jitted without options) is
+    what runs. Everything else (``lower``, the compiled cache) is
+    ``jitted``'s.
+    """
+
+    def __init__(self, jitted: Callable, plain: Callable):
+        self._jitted = jitted
+        self._plain = plain
+
+    def __call__(self, *args, **kwargs):
+        leaves = jax.tree.leaves((args, kwargs))
+        traced = any(isinstance(leaf, jax.core.Tracer) for leaf in leaves)
+        return (self._plain if traced else self._jitted)(*args, **kwargs)
+
+    def __getattr__(self, name: str):
+        return getattr(self._jitted, name)
 
 
 # compiles under way, by the lowered computation they compile (see below)
