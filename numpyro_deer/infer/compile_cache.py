@@ -228,6 +228,8 @@ class OptionsJit:
         return (self._plain if traced else self._jitted)(*args, **kwargs)
 
     def __getattr__(self, name: str):
+        if name in ("_jitted", "_plain"):  # not set yet (a copy being made)
+            raise AttributeError(name)
         return getattr(self._jitted, name)
 
 
