@@ -13,7 +13,8 @@ components of their values (``ESS/kgrad``) and of their squared deviations
 from the pooled mean (``ESS2/kgrad``): the race scores both the mean and the
 second moment, and a trajectory of half a period makes the values antithetic
 and their squares unchanged. ``err`` is the race's mean error against the
-target's truth, the largest over components of ``((mean - m) / s)^2``.
+target's truth (``race.Tracker.errors``: the largest over components of
+``((mean - m) / s)^2``).
 
     PYTHONPATH=. python benchmarks/trajectory_length.py --json \\
         benchmarks/results/trajectory_length_cpu.json
@@ -38,6 +39,9 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import common  # noqa: E402
+from _counts import run_num_steps  # noqa: E402
+from race import Tracker  # noqa: E402
+from race_samplers import flatten_sites  # noqa: E402
 
 TARGETS = [
     "gym_eight_schools",
@@ -67,9 +71,7 @@ def parse_args(argv=None):
 
 
 def _min_ess(x: np.ndarray) -> float:
-    from numpyro.diagnostics import effective_sample_size
-
-    return float(np.min(effective_sample_size(x)))
+    return common.min_ess({"x": x}, backend="numpyro")["min_ess"]
 
 
 def run_row(target, num_steps, ns) -> dict:
@@ -95,16 +97,12 @@ def run_row(target, num_steps, ns) -> dict:
         )  # fmt: skip
     samples = mcmc.get_samples(group_by_chain=True)
     wall = time.perf_counter() - t0
-    sites = list(target.truth)
-    x = np.concatenate(
-        [np.asarray(samples[k]).reshape(ns.chains, ns.draws, -1) for k in sites], -1
-    )
-    truth_m = np.concatenate([t.mean for t in target.truth.values()])
-    truth_s = np.concatenate([t.sd for t in target.truth.values()])
-    count = int(np.max(np.asarray(mcmc.get_extra_fields()["num_steps"])))
+    x = np.asarray(flatten_sites(samples, list(target.truth), 2), np.float64)
+    count = run_num_steps(mcmc)
     kgrad = ns.chains * ns.draws * count / 1000
     deviation = (x - x.mean((0, 1))) ** 2
-    err = np.max(((x.mean((0, 1)) - truth_m) / truth_s) ** 2)
+    tracker = Tracker(target.truth, 0.0, 0.0)
+    err, _ = tracker.errors(x.sum((0, 1)), (x**2).sum((0, 1)), ns.chains * ns.draws)
     eps = np.asarray(mcmc.last_state.adapt_state.step_size)
     return {
         "target": target.name,
@@ -113,7 +111,7 @@ def run_row(target, num_steps, ns) -> dict:
         "step_size": float(np.median(eps)),
         "ess_per_kgrad": _min_ess(x) / kgrad,
         "ess2_per_kgrad": _min_ess(deviation) / kgrad,
-        "err_mean": float(err),
+        "err_mean": err,
         "wall_s": wall,
     }
 
