@@ -253,7 +253,7 @@ class BlockProgram:
             shared = shared_schedule(step, state) if batched else step
             new = self._map_chains(shared, state) if batched else step(state)
             if self.settings.adapt_num_steps:
-                new = choose_num_steps(new, self.num_warmup, batched)
+                new = choose_num_steps(new, self.num_warmup)
         if not (window_end and self.mass_adaptation == "hessian"):
             return new
         first = (lambda t: jax.tree.map(lambda a: a[0], t)) if batched else identity

@@ -23,6 +23,7 @@ compile while warmup runs, before the count is known.
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 
 from ..core.hmc import num_steps_for, split_leapfrog, with_leapfrog
@@ -34,15 +35,19 @@ INITIAL_NUM_STEPS = 4
 """Leapfrog steps of warmup's transitions under ``num_steps="auto"``."""
 
 
-def choose_num_steps(state: DEERState, num_warmup: int, batched: bool) -> DEERState:
-    """``state`` with its ``num_steps`` chosen where it has just taken the
-    last warmup step (iteration ``num_warmup``), unchanged otherwise."""
+def choose_num_steps(state: DEERState, num_warmup: int) -> DEERState:
+    """``state`` (one chain's, or vectorized chains') with its ``num_steps``
+    chosen where it has just taken the last warmup step (iteration
+    ``num_warmup``, shared by vectorized chains), unchanged otherwise: the
+    median over the chains is taken once, not at every warmup step."""
+
+    def choose(s):
+        eps = jnp.median(s.adapt_state.step_size)
+        chosen = num_steps_for(eps, min_steps=INITIAL_NUM_STEPS)
+        return s._replace(num_steps=jnp.broadcast_to(chosen, s.num_steps.shape))
+
     i = jnp.reshape(state.i, (-1,))[0]
-    eps = jnp.median(state.adapt_state.step_size)
-    chosen = num_steps_for(eps, min_steps=INITIAL_NUM_STEPS)
-    if batched:
-        chosen = jnp.broadcast_to(chosen, state.num_steps.shape)
-    return state._replace(num_steps=jnp.where(i == num_warmup, chosen, state.num_steps))
+    return jax.lax.cond(i == num_warmup, choose, lambda s: s, state)
 
 
 def block_transition(
