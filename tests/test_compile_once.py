@@ -393,3 +393,84 @@ def test_background_compiles_run_at_most_the_workers_at_once(monkeypatch):
     )
     assert [f.result(timeout=10) for f in futures.values()] == ["compiled"] * 6
     assert most[0] == 2
+
+
+def test_second_mcmc_object_lowers_none_of_its_programs(first, monkeypatch):
+    # the programs compiled by a run are taken as they are by the next:
+    # nothing is lowered again (compile_cache.lower hands back what was
+    # compiled); other tests of this module may have cleared the cache
+    _run()
+    kinds = []
+    lower = compile_cache.lower
+
+    def spy(fun, *args):
+        program = lower(fun, *args)
+        kinds.append(type(program).__name__)
+        return program
+
+    monkeypatch.setattr(compile_cache, "lower", spy)
+    draws, compiled = _run()
+    assert kinds == ["_Compiled"] * 5  # init, step size, warmup, window end, block
+    assert compiled == Counter()
+    np.testing.assert_array_equal(draws, first[0])
+
+
+class _Spy:
+    """A jitted function whose lowerings are counted."""
+
+    def __init__(self, fun):
+        self.fun, self.lowered = jax.jit(fun), 0
+
+    def lower(self, *args):
+        self.lowered += 1
+        return self.fun.lower(*args)
+
+
+def test_lower_keeps_a_program_by_its_signature(monkeypatch):
+    monkeypatch.setattr(compile_cache, "_programs", type(compile_cache._programs)())
+    spy = _Spy(lambda x, n: x * n)
+    x = np.ones(3, np.float32)
+    compiled = compile_cache.lower(spy, x, np.int32(2)).compile()
+    again = compile_cache.lower(spy, jax.numpy.zeros(3, np.float32), np.int32(5))
+    assert spy.lowered == 1 and again.compile() is compiled
+    np.testing.assert_array_equal(again.compile()(x, np.int32(3)), 3 * x)
+    # another shape, dtype, weak type, placement or function: lowered again
+    others = [
+        (spy, np.ones(4, np.float32), np.int32(2)),
+        (spy, np.ones(3, np.float16), np.int32(2)),
+        (spy, x, jax.numpy.asarray(2)),  # weakly typed
+        (spy, jax.device_put(x, jax.devices()[0]), np.int32(2)),  # committed
+        (_Spy(lambda x, n: x * n), x, np.int32(2)),
+    ]
+    for fun, *args in others:
+        before = fun.lowered
+        compile_cache.lower(fun, *args).compile()
+        assert fun.lowered == before + 1
+    # a leaf that is not an array: lowered every time, nothing kept
+    kept, before = len(compile_cache._programs), spy.lowered
+    compile_cache.lower(spy, x, 2).compile()
+    compile_cache.lower(spy, x, 2).compile()
+    assert spy.lowered == before + 2 and len(compile_cache._programs) == kept
+    compile_cache.clear()
+    assert len(compile_cache._programs) == 0
+
+
+def test_lower_keeps_no_program_whose_compile_failed(monkeypatch):
+    monkeypatch.setattr(compile_cache, "_programs", type(compile_cache._programs)())
+
+    class Failing:
+        def __init__(self):
+            self.lowered = 0
+
+        def lower(self, *args):
+            self.lowered += 1
+            return self
+
+        def compile(self):
+            raise MemoryError("out of memory")
+
+    fun = Failing()
+    for _ in range(2):
+        with pytest.raises(MemoryError):
+            compile_cache.lower(fun, np.ones(2)).compile()
+    assert fun.lowered == 2

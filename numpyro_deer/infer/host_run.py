@@ -166,7 +166,9 @@ class HostRun(NamedTuple):
 
 def lower_programs(run: HostRun, state, collection, trace, methods, trial: bool):
     """The programs of a run, lowered (traced to StableHLO) one by one:
-    yields ``(name, lowered)`` in the order the run needs them.
+    yields ``(name, lowered)`` in the order the run needs them (a program an
+    earlier run compiled at the same signature is taken as it is:
+    :func:`~.compile_cache.lower`).
 
     ``"init"`` (the initial state, if ``run.init``), ``"step_size"`` and
     ``"warmup"`` and ``"window_end"`` as the warmup plan needs them, then a
@@ -178,26 +180,24 @@ def lower_programs(run: HostRun, state, collection, trace, methods, trial: bool)
     plan, dynamic = run.plan, run.dynamic
     loop = run.fns(kernel_method(run.kernel))
     if run.init is not None:
-        yield "init", run.init.program.lower(*run.init.arguments)
+        yield "init", compile_cache.lower(run.init.program, *run.init.arguments)
     if plan.search and (run.init is not None or plan.stops):
         use = jax.ShapeDtypeStruct(np.shape(state.i), bool)
-        yield "step_size", loop.step_size.lower(state, use, dynamic)
+        yield "step_size", compile_cache.lower(loop.step_size, state, use, dynamic)
     if plan.steps:
         yield (
             "warmup",
-            loop.warmup.lower(state, collection, trace, zero, zero, run.start, dynamic),
+            compile_cache.lower(
+                loop.warmup, state, collection, trace, zero, zero, run.start, dynamic
+            ),
         )
     if plan.stops:
-        yield "window_end", loop.window_end.lower(state, dynamic)
+        yield "window_end", compile_cache.lower(loop.window_end, state, dynamic)
     for name in methods:
         block_step = run.fns(name if trial else kernel_method(run.kernel)).block_step
         counters = (zero, zero, zero)
-        yield (
-            name,
-            block_step.lower(
-                state, collection, zero, counters, zero, zero, run.start, dynamic
-            ),
-        )
+        args = (state, collection, zero, counters, zero, zero, run.start, dynamic)
+        yield name, compile_cache.lower(block_step, *args)
 
 
 class WarmupPlan(NamedTuple):
