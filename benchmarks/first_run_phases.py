@@ -22,7 +22,9 @@ compile side by side while the warmup runs), with ``--methods`` (``auto``,
 (``timeline``: each XLA compile, and each tracing and lowering over 10 ms,
 with its program, start and end in seconds from the call's start; the
 tracing and lowering run one after the other in the calling thread).
-``--sweeps K ...`` runs each row with ``DEERSolver(sweep=K)`` for each ``K``,
+``--models`` takes the benchmark models and the race's Inference Gym targets
+(``gym_eight_schools``, ...). ``--sweeps K ...`` runs each row with
+``DEERSolver(sweep=K)`` for each ``K``,
 ``--masses`` with each ``adapt_mass_matrix`` (``auto``, ``hessian``, ``true``:
 NumPyro's diagonal estimate).
 
@@ -73,6 +75,7 @@ def _child(
         import jax
 
         jax.config.update("jax_platforms", "cuda" if platform == "gpu" else platform)
+    import gym_models
     import jax
     from end_to_end import CompileSpans
 
@@ -81,12 +84,16 @@ def _child(
 
     spans = CompileSpans()
     spans.install()
-    bench = BENCHMARK_MODELS[model]
-    args, kwargs = bench.make_data()
+    if model in gym_models.GYM_TARGETS:  # a race target of the Inference Gym
+        target = gym_models.get_target(model)
+        model_fn, args, kwargs = target.model, target.args, target.kwargs
+    else:
+        model_fn = BENCHMARK_MODELS[model].model
+        args, kwargs = BENCHMARK_MODELS[model].make_data()
     solver = {} if sweep is None else {"solver": numpyro_deer.DEERSolver(sweep=sweep)}
     adapt = common.adapt_mass_matrix(mass)
     kernel = numpyro_deer.DEERHMC(
-        bench.model,
+        model_fn,
         num_steps=4,
         block_size=block_size,
         method=method,
