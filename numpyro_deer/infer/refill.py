@@ -31,7 +31,6 @@ from ..core.batched import batched_deer_solve
 from ..core.hessian import COLUMN_BATCH, curvature_basis
 from ..core.metric import mul_sqrt, solve_sqrt, whiten
 from ..core.newton import RESULTS, DEERSolver, NewtonInfo, deer_solve, no_solve_info
-from ..core.scan import matmul
 from ..core.transition import (
     Transition,
     finish_chain,
@@ -59,19 +58,11 @@ def solve_potential(
     basis: Array | None,
 ) -> Callable[[Array], Array]:
     """The potential in the solve's coordinates ``u``: ``x = L w``, ``w = Q u``
-    (``Q`` the solve basis; ``None``: ``w = u``).
-
-    Every gradient of the block's steps (and its tangents) evaluates ``Q u``:
-    up to :data:`~numpyro_deer.core.scan.ELEMENTWISE_MAX_DIM` dimensions as a
-    broadcast product and sum (:func:`~numpyro_deer.core.scan.matmul`), which
-    fuses with the potential, not as a matrix product (a cuBLAS call of its
-    own on a GPU): on an H100 the paper's banana chain (D = 2, 100,000
-    steps) took 56 against 63 ms a repeat run (medians of 18), same draws.
-    """
+    (``Q`` the solve basis; ``None``: ``w = u``)."""
     potential_w = whiten(potential_flat, mass_sqrt)
     if basis is None:
         return potential_w
-    return lambda u: potential_w(matmul(basis, u))
+    return lambda u: potential_w(basis @ u)
 
 
 class BlockProblem(NamedTuple):
