@@ -446,6 +446,12 @@ def test_lower_keeps_a_program_by_its_signature(monkeypatch):
         before = fun.lowered
         compile_cache.lower(fun, *args).compile()
         assert fun.lowered == before + 1
+    # so does a configuration that changes the trace
+    before = spy.lowered
+    with jax.default_matmul_precision("highest"):
+        compile_cache.lower(spy, x, np.int32(2)).compile()
+        compile_cache.lower(spy, x, np.int32(2)).compile()
+    assert spy.lowered == before + 1
     # a leaf that is not an array: lowered every time, nothing kept
     kept, before = len(compile_cache._programs), spy.lowered
     compile_cache.lower(spy, x, 2).compile()
