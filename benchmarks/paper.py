@@ -21,11 +21,12 @@ warmup and no adaptation (the kernels run at the paper's fixed step sizes):
   ``deer`` and ``deer_full`` as for the banana.
 
 Every row times a first ``MCMC`` object (``first_s``: tracing and compiling
-included) and then a second one built the same way (``second_s``: a new
-kernel and driver, the compiled programs reused); ``compile_s`` is their
-difference. It reports the Newton iterations of the block
-(``newton_iterations``, the extra field; the largest over chains),
-``converged`` (every chain's solve passed, no sequential fallback), the
+included) and then ``--repeats`` more built the same way (``second_s``, the
+median of their times, each in ``second_s_all``: a new kernel and driver, the
+compiled programs reused); ``compile_s`` is the difference. It reports the
+Newton iterations of the block (``newton_iterations``, the extra field; the
+largest over chains), ``converged`` (every chain's solve passed, no
+sequential fallback), the
 gradient counts of ``benchmarks/race.py`` (``gradients``,
 ``critical_path_gradients``, ``scan_levels``), and ``max_abs_diff``: the
 largest ``|x_t - x_t^seq|`` over all draws and coordinates against the
@@ -37,6 +38,10 @@ sequential steps against the Newton iterations they save.
     PYTHONPATH=. python3 benchmarks/paper.py --size tiny
     PYTHONPATH=. python3 benchmarks/paper.py --platform gpu --size full \\
         --json $OUT/paper.json
+    # the banana chain's repeat runs, the median of nine (the spread between
+    # runs and processes is several milliseconds on a GPU)
+    PYTHONPATH=. python3 benchmarks/paper.py --platform gpu --size full \\
+        --cases banana --variants deer_full --repeats 9
 """
 
 from __future__ import annotations
@@ -91,15 +96,16 @@ def logistic_model(X, y):
     numpyro.sample("y", dist.Bernoulli(logits=X @ w), obs=y)
 
 
-def _run(make_kernel, chains, T, run_kwargs):
-    """Two ``MCMC`` objects of ``make_kernel()``: times, draws, extra fields."""
+def _run(make_kernel, chains, T, run_kwargs, repeats=1):
+    """``1 + repeats`` ``MCMC`` objects of ``make_kernel()``: times (the first,
+    the repeats' median and all of them), draws, extra fields."""
     import jax
     import numpy as np
 
     import numpyro_deer
 
-    out = {}
-    for name in ("first_s", "second_s"):
+    seconds = []
+    for _ in range(1 + repeats):
         kernel = make_kernel()
         mcmc = numpyro_deer.MCMC(
             kernel, num_warmup=0, num_samples=T, num_chains=chains,
@@ -115,7 +121,9 @@ def _run(make_kernel, chains, T, run_kwargs):
                 **run_kwargs,
             )
             samples = jax.block_until_ready(mcmc.get_samples(group_by_chain=True))
-        out[name] = time.perf_counter() - t0
+        seconds.append(time.perf_counter() - t0)
+    out = {"first_s": seconds[0], "second_s": float(np.median(seconds[1:]))}
+    out["second_s_all"] = seconds[1:]
     if not isinstance(samples, dict):  # a potential_fn on one array
         samples = {"x": samples}
     draws = np.concatenate(
@@ -127,11 +135,13 @@ def _run(make_kernel, chains, T, run_kwargs):
     return out, draws, its, fronts, kernel
 
 
-def _row(case, variant, make_kernel, chains, T, run_kwargs, reference):
+def _row(case, variant, make_kernel, chains, T, run_kwargs, reference, repeats=1):
     import _counts
     import numpy as np
 
-    times, draws, its, fronts, kernel = _run(make_kernel, chains, T, run_kwargs)
+    times, draws, its, fronts, kernel = _run(
+        make_kernel, chains, T, run_kwargs, repeats
+    )
     dim = draws.shape[-1]
     counts = _counts.deer_kernel_blocks(kernel, its, fronts, dim)
     method = _counts.kernel_method(kernel)
@@ -160,7 +170,7 @@ VARIANTS = {"deer": "stochastic", "deer_full": "full"}
 
 
 def _case_rows(
-    case, kernel, chains, T, run_kwargs, solver_options, variants, sweeps
+    case, kernel, chains, T, run_kwargs, solver_options, variants, sweeps, repeats
 ) -> list[dict]:
     """The sequential row of ``case``, then DEER with Hutchinson's diagonal
     (``deer``) and with the full Jacobian (``deer_full``) on the same tape,
@@ -170,7 +180,7 @@ def _case_rows(
 
     seq, ref = _row(
         case, "sequential", kernel("sequential", DEERSolver()), chains, T,
-        run_kwargs, None,
+        run_kwargs, None, repeats,
     )  # fmt: skip
     rows = [seq]
     for variant in variants:
@@ -180,13 +190,16 @@ def _case_rows(
             )
             solver = DEERSolver(jacobian=VARIANTS[variant], **options)
             row = _row(
-                case, variant, kernel("deer", solver), chains, T, run_kwargs, ref
-            )[0]
+                case, variant, kernel("deer", solver), chains, T, run_kwargs, ref,
+                repeats,
+            )[0]  # fmt: skip
             rows.append({**row, "sweep": "default" if sweep is None else sweep})
     return rows
 
 
-def banana_rows(T: int, solver_options: dict, variants, sweeps) -> list[dict]:
+def banana_rows(
+    T: int, solver_options: dict, variants, sweeps, repeats: int = 1
+) -> list[dict]:
     import jax
     import jax.numpy as jnp
 
@@ -203,11 +216,13 @@ def banana_rows(T: int, solver_options: dict, variants, sweeps) -> list[dict]:
         )  # fmt: skip
 
     return _case_rows(
-        "banana", kernel, 1, T, run_kwargs, solver_options, variants, sweeps
+        "banana", kernel, 1, T, run_kwargs, solver_options, variants, sweeps, repeats
     )
 
 
-def mala_rows(T: int, solver_options: dict, variants, sweeps) -> list[dict]:
+def mala_rows(
+    T: int, solver_options: dict, variants, sweeps, repeats: int = 1
+) -> list[dict]:
     import numpyro_deer
 
     X, y = german_credit_shape()
@@ -220,7 +235,7 @@ def mala_rows(T: int, solver_options: dict, variants, sweeps) -> list[dict]:
         )  # fmt: skip
 
     return _case_rows(
-        "mala", kernel, 2, T, run_kwargs, solver_options, variants, sweeps
+        "mala", kernel, 2, T, run_kwargs, solver_options, variants, sweeps, repeats
     )
 
 
@@ -248,6 +263,10 @@ def main(argv=None) -> list[dict]:
     parser.add_argument(
         "--sweep-after", type=int, default=None, help="DEERSolver(sweep_after=...)"
     )
+    parser.add_argument(
+        "--repeats", type=int, default=1,
+        help="timed runs after the first (second s: their median)",
+    )  # fmt: skip
     parser.add_argument("--json", default=None, help="default results/paper_SIZE.json")
     ns = parser.parse_args(argv)
 
@@ -280,11 +299,13 @@ def main(argv=None) -> list[dict]:
         )
 
     if "banana" in ns.cases:
-        rows += banana_rows(size["banana"], solver_options, ns.variants, sweeps)
+        rows += banana_rows(
+            size["banana"], solver_options, ns.variants, sweeps, ns.repeats
+        )
         save()
     if "mala" in ns.cases:
         for T in size["mala"]:
-            rows += mala_rows(T, solver_options, ns.variants, sweeps)
+            rows += mala_rows(T, solver_options, ns.variants, sweeps, ns.repeats)
             save()
     print(common.describe_machine(common.machine_info()))
     print(

@@ -12,6 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 # tests of benchmarks/, not of the package: a CI job of their own
@@ -188,7 +189,7 @@ CASES = {
         "--block-size",
         "16",
     ],
-    "paper.py": ["--size", "tiny"],
+    "paper.py": ["--size", "tiny", "--repeats", "2"],
     "dense_products.py": [
         "--dims",
         "2",
@@ -347,6 +348,10 @@ def test_benchmark_runs_at_a_tiny_size(script, tmp_path):
         # banana and two MALA lengths, each with the default and the full Jacobian
         assert len(deer) == 6 and all(r["finite"] for r in rows)
         assert all(r["max_abs_diff"] < 0.05 for r in deer), deer
+        # two timed runs after the first, the median their mean
+        for r in rows:
+            assert len(r["second_s_all"]) == 2
+            assert r["second_s"] == pytest.approx(np.mean(r["second_s_all"]))
     if script == "jacobian_dim.py":  # each strategy on the same tape
         rows = result_json["rows"]
         assert [(r["case"], r["jacobian"]) for r in rows] == [
