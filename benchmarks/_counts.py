@@ -104,6 +104,23 @@ def run_num_steps(mcmc) -> int:
     return int(np.max(np.asarray(mcmc.last_state.num_steps)))
 
 
+def deer_run_blocks(mcmc, dim: int) -> Counts:
+    """:func:`deer_kernel_blocks` of a ``numpyro_deer.MCMC`` run: its kernel,
+    each block's Newton iterations and front (the extra fields
+    ``newton_iterations`` and ``block.info.front`` at each block's first
+    draw) and the run's leapfrog count (:func:`run_num_steps`)."""
+    kernel = mcmc.sampler
+    block = kernel.block_size
+    fields = mcmc.get_extra_fields(group_by_chain=True)
+    return deer_kernel_blocks(
+        kernel,
+        np.asarray(fields["newton_iterations"])[:, ::block],
+        np.asarray(fields["block.info.front"])[:, ::block],
+        dim,
+        num_steps=run_num_steps(mcmc),
+    )
+
+
 def deer_blocks(
     iterations,
     fronts,

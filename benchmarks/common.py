@@ -556,6 +556,11 @@ def adapt_mass_matrix(word: str | None) -> bool | str | None:
     return {"true": True, "false": False}.get(word, word)
 
 
+def num_steps_word(value: str) -> int | str:
+    """``DEERHMC``'s ``num_steps`` from the command line: ``"auto"`` or a count."""
+    return value if value == "auto" else int(value)
+
+
 def fmt(value: Any, spec: str = ".3g") -> str:
     """Format a table cell; ``None`` and NaN print as ``-``."""
     if value is None:

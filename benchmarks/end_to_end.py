@@ -264,26 +264,17 @@ def _counts_of(mcmc, spec, warm_fields, chains, is_nuts) -> dict:
     sys.path.insert(0, str(ROOT / "benchmarks"))
     import _counts
 
-    fields = mcmc.get_extra_fields(group_by_chain=True)
     if is_nuts:
+        fields = mcmc.get_extra_fields(group_by_chain=True)
         counter = _counts.StepsCounter(lockstep=spec["method"] == "nuts")
         counts = counter.add(warm_fields["num_steps"]) + counter.add(
             fields["num_steps"]
         )
         return counts.as_dict()
-    kernel, block = mcmc.sampler, mcmc.sampler.block_size
     z = mcmc.last_state.z
     dim = sum(int(np.size(v)) for v in jax.tree.leaves(z))
-    counts = _counts.deer_warmup(kernel, 1, spec["num_warmup"]) + (
-        _counts.deer_kernel_blocks(
-            kernel,
-            np.asarray(fields["newton_iterations"])[:, ::block],
-            np.asarray(fields["block.info.front"])[:, ::block],
-            dim,
-            num_steps=_counts.run_num_steps(mcmc),
-        )
-    )
-    return counts.as_dict()
+    counts = _counts.deer_warmup(mcmc.sampler, 1, spec["num_warmup"])
+    return (counts + _counts.deer_run_blocks(mcmc, dim)).as_dict()
 
 
 def _new_data(bench, args, kwargs):

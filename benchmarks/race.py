@@ -122,7 +122,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from _counts import Counts  # noqa: E402
-from common import MASS_WORDS, adapt_mass_matrix  # noqa: E402
+from common import MASS_WORDS, adapt_mass_matrix, num_steps_word  # noqa: E402
 
 THRESHOLDS = (1e-2, 1e-4)
 COUNT_KEYS = ("gradients", "critical_path_gradients", "scan_levels")
@@ -546,7 +546,7 @@ def main(argv=None):
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
         "--hmc-leapfrog",
-        type=lambda v: v if v == "auto" else int(v),
+        type=num_steps_word,
         default="auto",
         help="DEERHMC's num_steps ('auto', its default, or a count)",
     )

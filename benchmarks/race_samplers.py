@@ -187,14 +187,7 @@ def _deer_competitor(target, chains, settings, tracker, kernel, warmup):
             dim = _flat_dim(mcmc.last_state.z, chains)
             draws = flatten_sites(mcmc.get_samples(group_by_chain=True), sites, 2)
             s1, s2 = draws.sum(0), (draws**2).sum(0)
-            fields = mcmc.get_extra_fields(group_by_chain=True)
-            counts = _counts.deer_kernel_blocks(
-                kernel,
-                np.asarray(fields["newton_iterations"])[:, ::block],
-                np.asarray(fields["block.info.front"])[:, ::block],
-                dim,
-                num_steps=_counts.run_num_steps(mcmc),
-            )
+            counts = _counts.deer_run_blocks(mcmc, dim)
             tracker.segment(np.asarray(s1), np.asarray(s2), chains, counts)
             mcmc.post_warmup_state = mcmc.last_state
             key = mcmc.post_warmup_state.rng_key

@@ -51,14 +51,12 @@ TARGETS = [
 ]
 
 
-def _count(value: str):
-    return value if value == "auto" else int(value)
-
-
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--targets", nargs="+", default=TARGETS)
-    parser.add_argument("--num-steps", nargs="+", type=_count, default=[4, "auto"])
+    parser.add_argument(
+        "--num-steps", nargs="+", type=common.num_steps_word, default=[4, "auto"]
+    )
     parser.add_argument(
         "--mass", default="auto", choices=common.MASS_WORDS, help="adapt_mass_matrix"
     )
