@@ -561,6 +561,18 @@ def num_steps_word(value: str) -> int | str:
     return value if value == "auto" else int(value)
 
 
+def use_compilation_cache(path: str) -> None:
+    """Turn on JAX's persistent compilation cache in ``path`` for this process,
+    every compile kept whatever its size or duration: what a user writes in
+    their own code (``docs/gpu-guide.md``). The second process of the same
+    script then loads its programs from disk."""
+    import jax
+
+    jax.config.update("jax_compilation_cache_dir", path)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)
+
+
 def fmt(value: Any, spec: str = ".3g") -> str:
     """Format a table cell; ``None`` and NaN print as ``-``."""
     if value is None:

@@ -148,10 +148,9 @@ def _child(spec: dict) -> dict:
     import jax
 
     if spec.get("cache_dir"):
-        # what a user writes in their own code to turn the cache on
-        jax.config.update("jax_compilation_cache_dir", spec["cache_dir"])
-        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
-        jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)
+        from benchmarks.common import use_compilation_cache
+
+        use_compilation_cache(spec["cache_dir"])
     spans.install()
     import numpy as np
     import numpyro

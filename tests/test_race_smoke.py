@@ -163,6 +163,21 @@ def test_competitor_runs_one_segment(sampler, chains):
     assert row["dim"] == 18  # mu, tau, theta_tilde (8) and the deterministic theta (8)
 
 
+def test_compilation_cache_reaches_the_worker(tmp_path):
+    """``--compilation-cache DIR``: the run's fresh process keeps its compiles
+    in ``DIR`` (JAX's persistent cache, turned on in the worker only)."""
+    spec = {
+        **TINY,
+        "target": "eight_schools",
+        "sampler": "nuts_diag",
+        "chains": 1,
+        "compilation_cache": str(tmp_path),
+    }
+    row = race.run_subprocess(spec, cpu_devices=1, grace_s=120.0)
+    assert row["status"] == "ok", row["status"]
+    assert any(tmp_path.iterdir()), "no compile was written to the cache"
+
+
 def test_summary_names_the_winner_and_ratio():
     def row(sampler, wall, grads):
         hit = {"wall_s": wall, "gradients": grads, "critical_path_gradients": grads / 2}
@@ -223,7 +238,7 @@ def test_deer_mass_reaches_the_kernels(flag, expected):
         race.argparse.Namespace(
             platform="cpu", seed=0, budget_seconds=1.0, quick=True, mala_warmup=None,
             block_size=None, hmc_leapfrog=4, deer_warmup=None, deer_mass=flag,
-            pw_windows=None, pw_sequential=1, pw_block=None,
+            pw_windows=None, pw_sequential=1, pw_block=None, compilation_cache=None,
         )
     )  # fmt: skip
     options = race_samplers._with_warmup_hook(
