@@ -605,7 +605,7 @@ def main(argv=None):
         default=None,
         metavar="DIR",
         help="JAX's persistent compilation cache in DIR for every run, every "
-        "competitor: the same command run twice times, the second time, a "
+        "competitor alike; run the same command twice: the second run times a "
         "user's second process of the same script",
     )
     parser.add_argument(
