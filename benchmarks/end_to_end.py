@@ -147,17 +147,16 @@ def _child(spec: dict) -> dict:
     spans = CompileSpans()
     import jax
 
-    if spec.get("cache_dir"):
-        from benchmarks.common import use_compilation_cache
+    from benchmarks import common
 
-        use_compilation_cache(spec["cache_dir"])
+    if spec.get("cache_dir"):
+        common.use_compilation_cache(spec["cache_dir"])
     spans.install()
     import numpy as np
     import numpyro
     from numpyro.infer import NUTS
 
     import numpyro_deer
-    from benchmarks import common
     from benchmarks.models import BENCHMARK_MODELS
 
     bench = BENCHMARK_MODELS[spec["model"]]
