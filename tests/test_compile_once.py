@@ -15,7 +15,7 @@ import pytest
 
 from benchmarks.models import gaussian_mean_model
 from numpyro_deer import DEERMALA, MCMC
-from numpyro_deer.infer import compile_cache, loops, numpyro_compat
+from numpyro_deer.infer import compile_cache, loops, lowering, numpyro_compat
 
 from .helpers import compile_log, gaussian_data
 
@@ -113,25 +113,25 @@ def _options_model(y, sigma):
 
 
 def test_compiler_options_by_backend_unless_the_user_sets_the_flag(monkeypatch):
-    options = compile_cache.compiler_options
+    options = lowering.compiler_options
     monkeypatch.delenv("XLA_FLAGS", raising=False)
     monkeypatch.setattr(compile_cache.jax, "default_backend", lambda: "gpu")
-    assert options() == {compile_cache.TRITON_GEMM: False}
+    assert options() == {lowering.TRITON_GEMM: False}
     # the programs that run briefly are not autotuned either
     assert options(runs_briefly=True) == {
-        compile_cache.TRITON_GEMM: False,
-        compile_cache.AUTOTUNE: 0,
+        lowering.TRITON_GEMM: False,
+        lowering.AUTOTUNE: 0,
     }
     monkeypatch.setenv("XLA_FLAGS", "--xla_gpu_enable_triton_gemm=true")
     assert options() is None
-    assert options(runs_briefly=True) == {compile_cache.AUTOTUNE: 0}
+    assert options(runs_briefly=True) == {lowering.AUTOTUNE: 0}
     monkeypatch.setenv("XLA_FLAGS", "--xla_gpu_autotune_level=4")
-    assert options(runs_briefly=True) == {compile_cache.TRITON_GEMM: False}
+    assert options(runs_briefly=True) == {lowering.TRITON_GEMM: False}
     monkeypatch.delenv("XLA_FLAGS")
     # on a CPU only the programs that run briefly skip LLVM's optimisation
     monkeypatch.setattr(compile_cache.jax, "default_backend", lambda: "cpu")
     assert options() is None
-    assert options(runs_briefly=True) == {compile_cache.OPT_LEVEL: 0}
+    assert options(runs_briefly=True) == {lowering.OPT_LEVEL: 0}
     monkeypatch.setenv("XLA_FLAGS", "--xla_backend_optimization_level=3")
     assert options(runs_briefly=True) is None
     monkeypatch.delenv("XLA_FLAGS")
@@ -140,27 +140,27 @@ def test_compiler_options_by_backend_unless_the_user_sets_the_flag(monkeypatch):
 
 
 def test_programs_compile_with_the_options_and_once(first, monkeypatch):
-    # every program of a run is jitted through compile_cache.jit, which
-    # passes compile_cache.compiler_options() to XLA: an option XLA rejects
+    # every program of a run is jitted through lowering.jit, which
+    # passes lowering.compiler_options() to XLA: an option XLA rejects
     # fails the compile
     built = []
-    jit = compile_cache.jit
+    jit = lowering.jit
 
     def recording_jit(fun, runs_briefly=False, **kwargs):
         built.append((fun.__name__, runs_briefly))
         return jit(fun, runs_briefly, **kwargs)
 
-    monkeypatch.setattr(compile_cache, "jit", recording_jit)
+    monkeypatch.setattr(lowering, "jit", recording_jit)
     monkeypatch.setattr(
-        compile_cache, "compiler_options", lambda _=False: {"no_such": 1}
+        lowering, "compiler_options", lambda _=False: {"no_such": 1}
     )
     with pytest.raises(Exception, match="no_such"):
-        compile_cache.jit(lambda x: x + 1)(1.0)
+        lowering.jit(lambda x: x + 1)(1.0)
     # the GPU's options (ignored by the CPU): the same draws, and a second
     # MCMC object compiles nothing (options given to jax.jit, not to each
     # compile, keep JAX's cache of the compiled program)
-    options = {compile_cache.TRITON_GEMM: False}
-    monkeypatch.setattr(compile_cache, "compiler_options", lambda _=False: options)
+    options = {lowering.TRITON_GEMM: False}
+    monkeypatch.setattr(lowering, "compiler_options", lambda _=False: options)
     draws, compiled = _run(model=_options_model)
     names = {name for name, _ in built}
     assert {"init_one", "step_size", "warmup_loop", "block_step"} <= names
@@ -459,6 +459,39 @@ def test_lower_keeps_a_program_by_its_signature(monkeypatch):
     assert spy.lowered == before + 2 and len(compile_cache._programs) == kept
     compile_cache.clear()
     assert len(compile_cache._programs) == 0
+
+
+def test_gpu_programs_are_lowered_with_jaxs_threefry_kernel(monkeypatch):
+    """On a GPU the driver lowers its programs with JAX's random bits through
+    its CUDA kernel, a setting that is part of a kept program's signature; on
+    a CPU nothing changes. JAX's global setting is never touched."""
+    setting = lambda: getattr(jax.config, lowering.THREEFRY_KERNEL)  # noqa: E731
+    spy = _Spy(lambda x: x + 1)
+    x = np.ones(3, np.float32)
+    with lowering.lowering_config():
+        assert not setting()
+    monkeypatch.setattr(compile_cache, "_programs", type(compile_cache._programs)())
+    monkeypatch.setattr(lowering.jax, "default_backend", lambda: "gpu")
+    plain = compile_cache.signature(spy, (x,))
+    with lowering.lowering_config():
+        assert setting()
+        assert compile_cache.signature(spy, (x,)) != plain
+    assert not setting()
+    seen = []
+    monkeypatch.setattr(spy, "fun", _Recording(spy.fun, setting, seen))
+    compile_cache.lower(spy, x)
+    assert seen == [True]
+
+
+class _Recording:
+    """A jitted function whose ``lower`` records ``probe()`` when called."""
+
+    def __init__(self, fun, probe, seen):
+        self.fun, self.probe, self.seen = fun, probe, seen
+
+    def lower(self, *args):
+        self.seen.append(self.probe())
+        return self.fun.lower(*args)
 
 
 def test_lower_keeps_no_program_whose_compile_failed(monkeypatch):

@@ -27,7 +27,7 @@ from numpyro_deer import (
     DEERConvergenceWarning,
     DEERSolver,
 )
-from numpyro_deer.infer import compile_cache
+from numpyro_deer.infer import compile_cache, lowering
 
 from .helpers import STOCK_RUN_CONFIG, compile_log, gaussian_data
 
@@ -343,10 +343,8 @@ def test_parallel_chains_with_the_packages_compiler_options(monkeypatch):
     run without them: JAX takes options on a top-level ``jax.jit`` only. (The
     tests' own ``XLA_FLAGS`` switch the package's options off; here they are
     on, as on a user's CPU or GPU.)"""
-    options = {compile_cache.OPT_LEVEL: 0}
-    monkeypatch.setattr(
-        compile_cache, "compiler_options", lambda briefly=False: options
-    )
+    options = {lowering.OPT_LEVEL: 0}
+    monkeypatch.setattr(lowering, "compiler_options", lambda briefly=False: options)
     compile_cache.clear()  # functions jitted without options by other tests
     try:
         args, kwargs = gaussian_data(-1.0)

@@ -36,6 +36,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from .lowering import THREEFRY_KERNEL, lowering_config
+
 CACHE_SIZE = 32
 """Compiled function sets kept (least recently used dropped first)."""
 
@@ -147,95 +149,6 @@ def latent_signature(params, batched: bool = False) -> tuple:
     )
 
 
-TRITON_GEMM = "xla_gpu_enable_triton_gemm"
-"""The XLA option :func:`compiler_options` turns off on a GPU."""
-
-OPT_LEVEL = "xla_backend_optimization_level"
-"""The XLA option :func:`compiler_options` sets to 0 on a CPU for the
-programs that run briefly."""
-
-AUTOTUNE = "xla_gpu_autotune_level"
-"""The XLA option :func:`compiler_options` sets to 0 on a GPU for the
-programs that run briefly."""
-
-
-def compiler_options(runs_briefly: bool = False) -> dict[str, Any] | None:
-    """The XLA options the package compiles its programs with.
-
-    On a GPU, matrix products go to cuBLAS rather than to Triton kernels,
-    which XLA's GPU compiler tunes for each product's shape by compiling and
-    timing candidate kernels: most of the compile time of a model with
-    matrix products. Measured on an H100 on the six benchmark models
-    (``docs/performance.md``): the warmup step and the sequential block
-    compile up to 8.5 times faster (eight schools, without a matrix product,
-    as fast) and run as fast; DEER's block compiles 1.3 to 4.8 times faster
-    and runs 0.9 to 1.4 times as long.
-
-    On a CPU, the programs that ``runs_briefly`` (the initial state and the
-    step size search: a few potential evaluations and tens of transitions)
-    are compiled without LLVM's optimisation (``OPT_LEVEL`` 0): they compile
-    about a third faster, and a whole first run of a small model waits
-    mostly for compiles. Measured on 2 CPU cores (``docs/performance.md``):
-    whole processes of the three examples 4 to 11 % shorter, the first
-    ``mcmc.run`` of the D = 100 logistic regression (N = 10,000) and of
-    stochastic volatility 11 and 13 %; the warmup loop, the window end and
-    the blocks run long enough to keep the optimisation (the warmup loop at
-    level 0 too: the D = 100 regression's first ``mcmc.run`` about 15 %
-    longer). On a GPU the programs that run briefly are compiled without
-    XLA's autotuning of their products and convolutions (``AUTOTUNE`` 0): it
-    times candidate kernels for each shape, which pays only in programs that
-    run long. A user's own ``XLA_FLAGS`` setting of any of these options wins
-    (that one not set then); other backends get no options.
-    """
-    flags = os.environ.get("XLA_FLAGS", "")
-    backend = jax.default_backend()
-    options: dict[str, Any] = {}
-    if backend == "gpu" and TRITON_GEMM not in flags:
-        options[TRITON_GEMM] = False
-    if backend == "gpu" and runs_briefly and AUTOTUNE not in flags:
-        options[AUTOTUNE] = 0
-    if backend == "cpu" and runs_briefly and OPT_LEVEL not in flags:
-        options[OPT_LEVEL] = 0
-    return options or None
-
-
-def jit(fun: Callable, runs_briefly: bool = False, **kwargs) -> Callable:
-    """:func:`jax.jit` with the package's :func:`compiler_options`, for the
-    programs the kernel and the driver compile (:class:`OptionsJit`)."""
-    options = compiler_options(runs_briefly)
-    jitted = jax.jit(fun, compiler_options=options, **kwargs)
-    if options is None:
-        return jitted
-    return OptionsJit(jitted, jax.jit(fun, **kwargs))
-
-
-class OptionsJit:
-    """A function jitted with compiler options, called inside another
-    transformation without them.
-
-    JAX takes compiler options on a top-level ``jax.jit`` only: called with
-    traced arguments (a chain per device under NumPyro's ``pmap``,
-    ``chain_method="parallel"``) the function is part of the enclosing
-    program, and ``plain`` (the same function jitted without options) is
-    what runs. Everything else (``lower``, the compiled cache) is
-    ``jitted``'s.
-    """
-
-    def __init__(self, jitted: Callable, plain: Callable):
-        self._jitted = jitted
-        self._plain = plain
-
-    def __call__(self, *args, **kwargs):
-        leaves = jax.tree.leaves((args, kwargs))
-        traced = any(isinstance(leaf, jax.core.Tracer) for leaf in leaves)
-        return (self._plain if traced else self._jitted)(*args, **kwargs)
-
-    def __getattr__(self, name: str):
-        if name in ("_jitted", "_plain"):  # not set yet (a copy being made)
-            raise AttributeError(name)
-        return getattr(self._jitted, name)
-
-
 PROGRAMS_KEPT = 64
 """Compiled programs :func:`lower` keeps (least recently used dropped first)."""
 
@@ -251,6 +164,7 @@ _CONFIG = (
     "jax_numpy_dtype_promotion",
     "jax_default_prng_impl",
     "jax_threefry_partitionable",
+    THREEFRY_KERNEL,
 )
 
 
@@ -263,16 +177,18 @@ def lower(fun: Callable, *args) -> Any:
     JAX's caches make lowering and compiling them again cheap but not free:
     on 2 CPU cores a repeat run of a 512-step banana block took 9.2 ms with
     them and 7.1 ms with the programs kept here (medians of 40 alternated
-    runs). Arguments without a signature are lowered every time.
+    runs). Arguments without a signature are lowered every time. Programs
+    are lowered under :func:`~.lowering.lowering_config`.
     """
-    key = signature(fun, args)
-    if key is not None:
-        with _programs_lock:
-            compiled = _programs.get(key)
-            if compiled is not None:
-                _programs.move_to_end(key)
-                return _Compiled(compiled)
-    lowered = fun.lower(*args)
+    with lowering_config():
+        key = signature(fun, args)
+        if key is not None:
+            with _programs_lock:
+                compiled = _programs.get(key)
+                if compiled is not None:
+                    _programs.move_to_end(key)
+                    return _Compiled(compiled)
+        lowered = fun.lower(*args)
     return lowered if key is None else _Kept(lowered, key)
 
 

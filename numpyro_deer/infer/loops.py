@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 
 from ..core.newton import RESULTS
-from . import compile_cache
+from . import compile_cache, lowering
 from . import numpyro_compat as compat
 from .block import needs_refill
 
@@ -264,9 +264,9 @@ def _warmup_fns(traced: _Traced) -> tuple:
         return traced.program.window_end(state, args, kwargs, batched)
 
     return (
-        compile_cache.jit(warmup_loop, donate_argnums=_donate()),
-        compile_cache.jit(step_size, runs_briefly=True),
-        compile_cache.jit(window_end),
+        lowering.jit(warmup_loop, donate_argnums=_donate()),
+        lowering.jit(step_size, runs_briefly=True),
+        lowering.jit(window_end),
     )
 
 
@@ -276,7 +276,7 @@ def _block_fns(traced: _Traced, method: str) -> tuple:
     def block_step(*args):
         return traced.block_step(method, *args)
 
-    return compile_cache.jit(block_step, donate_argnums=_donate()), set()
+    return lowering.jit(block_step, donate_argnums=_donate()), set()
 
 
 def _run_all(

@@ -30,6 +30,8 @@ from typing import Any, NamedTuple
 import jax
 import numpy as np
 
+from . import compile_cache
+
 _GIB = 2.0**30
 
 
@@ -366,7 +368,7 @@ def fit_program(
         )
 
     def compile_group(group):
-        return grouped(name, group).lower(*args).compile()
+        return compile_cache.lower(grouped(name, group), *args).compile()
 
     label = type(kernel).__name__
     try:

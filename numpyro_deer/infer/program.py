@@ -27,7 +27,7 @@ from numpyro.infer.hmc_util import build_adaptation_schedule
 from numpyro.util import identity
 
 from ..core.warmup_cost import gradients_per_transition
-from . import compile_cache
+from . import compile_cache, lowering
 from .block import emit_draw
 from .chains import check_initial_potential, float_params, map_chains, on_cpu
 from .checks import translate_tracer_errors
@@ -377,7 +377,7 @@ class BlockProgram:
             fn = init_one
             if vectorized:
                 fn = jax.vmap(init_one, in_axes=(0, 0, None))
-            return compile_cache.jit(fn, runs_briefly=True)
+            return lowering.jit(fn, runs_briefly=True)
 
         key = ("init", self.key(None), vectorized, static, strategy)
         return compile_cache.cached(key, build)
@@ -390,7 +390,7 @@ class BlockProgram:
                 args, kwargs = compile_cache.join_model_args(static, dynamic)
                 return self.step_size(state, use, args, kwargs, vectorized)
 
-            return compile_cache.jit(step_size, runs_briefly=True)
+            return lowering.jit(step_size, runs_briefly=True)
 
         key = ("step size", self.key(None), vectorized, static)
         return compile_cache.cached(key, build)
