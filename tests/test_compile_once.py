@@ -151,9 +151,7 @@ def test_programs_compile_with_the_options_and_once(first, monkeypatch):
         return jit(fun, runs_briefly, **kwargs)
 
     monkeypatch.setattr(lowering, "jit", recording_jit)
-    monkeypatch.setattr(
-        lowering, "compiler_options", lambda _=False: {"no_such": 1}
-    )
+    monkeypatch.setattr(lowering, "compiler_options", lambda _=False: {"no_such": 1})
     with pytest.raises(Exception, match="no_such"):
         lowering.jit(lambda x: x + 1)(1.0)
     # the GPU's options (ignored by the CPU): the same draws, and a second

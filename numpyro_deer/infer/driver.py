@@ -47,6 +47,7 @@ from .diagnostics import warn_if_unconverged
 from .host_run import (
     HostRun,
     Programs,
+    block_methods,
     i32,
     initial_state,
     kernel_method,
@@ -342,21 +343,20 @@ class MCMC(numpyro.infer.MCMC):
         The initial state's program (``run.init``, if the state is still to
         compute: ``carry``'s state holds its shapes), the step size search,
         the warmup loop, the Hessian window end (as the warmup plan needs
-        them) and the block programs are lowered, then compiled in the
-        background, side by side
-        (:class:`~numpyro_deer.infer.host_run.Programs`); each runs as soon as
-        its own compile is done, and a block program's memory is checked
-        before its first block. The progress bar advances after each warmup
-        chunk and each block. To measure the methods of ``method="auto"``
+        them) and the block programs (:func:`~.host_run.block_methods`) are
+        lowered, then compiled in the background, side by side (``Programs``);
+        each runs once compiled, a block program's memory checked before its
+        first block. The progress bar advances after each warmup chunk and
+        each block. To measure the methods of ``method="auto"``
         (``choose``) the first block after warmup is computed sequentially,
         the first block after the DEER program is compiled with DEER, and the
-        faster computes the rest; blocks in between are sequential. A run
-        that ends before DEER is compiled keeps a provisional choice
-        (``MethodChoice.final`` false), completed by a later run.
+        faster computes the rest; blocks in between are sequential. A run that
+        ends before DEER is compiled, or of one block (DEER not lowered),
+        keeps a provisional choice (``final`` false), completed later.
         """
         kernel, plan = run.kernel, run.plan
         trials = ["sequential", "deer"] if choose else []
-        methods = (trials or [kernel_method(kernel)]) if run.total > 0 else []
+        methods = block_methods(run, carry[0], trials)
         stages = (["warmup"] if plan.steps else []) + [f"{m} blocks" for m in methods]
         state, collection, trace = carry
         with Progress(plan.steps + run.total, self.progress_bar, phase) as progress:

@@ -120,8 +120,14 @@ def lowering_config() -> contextlib.AbstractContextManager:
     operations XLA otherwise compiles at each draw: the same bits, and
     fewer operations for XLA's GPU compiler in programs whose draws
     (NumPyro's search for initial values, the step size search's tapes, a
-    block's tape) are a large part of what they compile. Other backends
-    have no such kernel: nothing changes there.
+    block's tape) are a large part of what they compile. On an H100 the
+    initial state's program of 1,024 chains of the Inference Gym's eight
+    schools compiled in 0.5 s instead of 2.7 s, and every program of a
+    first ``mcmc.run`` of one block had compiled by 3.3 s instead of 4.1 s
+    (``docs/performance.md``). JAX lowered to the kernel by default before
+    it chose the integer operations for their runtime memory. Other backends
+    have no such kernel, nor a JAX without the setting: nothing changes
+    there.
     """
     if _THREEFRY_KERNEL is None or jax.default_backend() != "gpu":
         return contextlib.nullcontext()
