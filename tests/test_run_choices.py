@@ -156,8 +156,9 @@ def test_auto_runs_of_one_block_lower_no_deer_block(accelerator):
     """Runs of one block each (resumed from ``post_warmup_state``) lower no
     DEER program (they could use it only by waiting for its compile): they
     are sequential and keep the provisional choice with its time per block.
-    The next run of two blocks lowers DEER, computes its second block with
-    it and completes the measurement. The draws are the sequential chain's."""
+    The next run of two blocks lowers DEER, times a block with it (the
+    sequential scan's time kept from the first run) and completes the
+    measurement. The draws are the sequential chain's."""
     lowered_names = []
 
     def recorded(lowered):
