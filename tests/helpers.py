@@ -44,19 +44,24 @@ class CompileLog:
 
     ``events`` lists every compilation as ``(function name, module)``, the
     module whose code asked JAX for it (see :func:`_caller_module`), and
-    ``threads`` as ``(function name, thread name)``.
+    ``threads`` as ``(function name, thread name)``; ``traces`` counts the
+    traces to a jaxpr by function name.
     """
 
     EVENT = "/jax/core/compile/backend_compile_duration"
+    TRACE = "/jax/core/compile/jaxpr_trace_duration"
     OURS = ("warmup_loop", "block_step", "init_one", "step_size", "window_end")
 
     def __init__(self):
         self.names = Counter()
         self.events: list[tuple[str, str]] = []
         self.threads: list[tuple[str, str]] = []
+        self.traces = Counter()
         jax.monitoring.register_event_duration_secs_listener(self._listen)
 
     def _listen(self, event, duration, **kwargs):
+        if event == self.TRACE:
+            self.traces[str(kwargs.get("fun_name"))] += 1
         if event == self.EVENT:
             name = str(kwargs.get("fun_name"))
             self.names[name] += 1

@@ -15,7 +15,7 @@ import pytest
 
 from benchmarks.models import gaussian_mean_model
 from numpyro_deer import DEERMALA, MCMC
-from numpyro_deer.infer import compile_cache, loops, lowering, numpyro_compat
+from numpyro_deer.infer import compile_cache, driver, loops, lowering, numpyro_compat
 
 from .helpers import compile_log, gaussian_data
 
@@ -391,6 +391,26 @@ def test_background_compiles_run_at_most_the_workers_at_once(monkeypatch):
     )
     assert [f.result(timeout=10) for f in futures.values()] == ["compiled"] * 6
     assert most[0] == 2
+
+
+def test_initial_state_traced_once(monkeypatch):
+    # the driver takes the initial state's shapes from the trace it lowers
+    # (under the lowering configuration; forced on here as on a GPU, where
+    # it differs from the default), so a first run traces it once
+    def config():
+        return lowering._THREEFRY_KERNEL(True)
+
+    for module in (compile_cache, driver):
+        monkeypatch.setattr(module, "lowering_config", config)
+
+    def model(y):
+        mu = numpyro.sample("mu", dist.Normal(0.0, 5.0))
+        numpyro.sample("y", dist.Normal(mu, 1.0), obs=y)
+
+    before = LOG.traces["init_one"]
+    mcmc = MCMC(DEERMALA(model, block_size=16), **SETTINGS, progress_bar=False)
+    mcmc.run(jax.random.PRNGKey(0), jax.numpy.ones(3))
+    assert LOG.traces["init_one"] - before == 1
 
 
 def test_second_mcmc_object_lowers_none_of_its_programs(first, monkeypatch):

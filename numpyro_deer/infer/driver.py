@@ -18,9 +18,8 @@ The states, the collection and ``last_state`` are those stock ``MCMC`` builds, s
 are the same for the same key. Kernels that are not block kernels run through
 the stock loop. The warmup loop and the block step are compiled in the
 background, side by side, and each runs as soon as its own compile is done
-(:mod:`~numpyro_deer.infer.host_run`); they are shared by every ``MCMC`` object
-with the same model, settings and shapes (:mod:`~numpyro_deer.infer.compile_cache`),
-so a second ``run`` does not compile them again.
+(:mod:`~numpyro_deer.infer.host_run`); every ``MCMC`` object with the same
+model, settings and shapes shares them (:mod:`~numpyro_deer.infer.compile_cache`).
 """
 
 from __future__ import annotations
@@ -58,6 +57,7 @@ from .host_run import (
     warmup_plan,
 )
 from .keys import chain_keys
+from .lowering import lowering_config
 from .method import device_choice
 from .progress import Progress
 from .protocol import is_block_kernel
@@ -260,11 +260,11 @@ class MCMC(numpyro.infer.MCMC):
         A block kernel starting afresh on the host (no state given, no mesh,
         not inside ``pmap``) gives ``init_program``
         (:class:`~numpyro_deer.infer.kernel.InitProgram`) and ``state`` holds
-        only its shapes and dtypes: :meth:`_run_on_host` compiles the program
-        beside the warmup loop and the blocks, whose compiles start from
-        those shapes. Otherwise ``init_program`` is ``None``. Either way the
-        kernel's blocks are fitted to the run (NumPyro's ``num_samples``
-        counts the steps, thinning included).
+        only its shapes and dtypes (traced as it is lowered: one trace serves
+        both): :meth:`_run_on_host` compiles the program beside the warmup
+        loop and blocks, whose compiles start from those shapes. Otherwise
+        ``init_program`` is ``None``. Either way the kernel's blocks are fitted
+        to the run (NumPyro's ``num_samples`` counts steps, thinning included).
         """
         kernel = self.sampler
         if init_state is not None and kernel.program is not None:
@@ -278,8 +278,8 @@ class MCMC(numpyro.infer.MCMC):
             and kernel.mesh is None
             and not isinstance(rng_key, jax.core.Tracer)
         ):
-            with translate_tracer_errors():
-                shapes, _ = jax.eval_shape(init.program, *init.arguments)
+            with translate_tracer_errors(), lowering_config():
+                shapes, _ = init.program.eval_shape(*init.arguments)
             return shapes, init
         if init_state is not None:
             return init_state, None
