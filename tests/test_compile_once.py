@@ -413,6 +413,31 @@ def test_initial_state_traced_once(monkeypatch):
     assert LOG.traces["init_one"] - before == 1
 
 
+@pytest.mark.parametrize("workers", [2, 8])
+def test_block_lowered_second_where_every_program_has_a_worker(
+    first, monkeypatch, workers
+):
+    # five programs: with fewer workers they compile in the order the run
+    # needs them; with a worker each, the block (the longest compile) right
+    # after the initial state. The draws do not depend on the order.
+    monkeypatch.setattr(compile_cache, "compile_workers", lambda: workers)
+    names = []
+    background = compile_cache.compile_in_background
+
+    def spy(lowered):
+        return background((names.append(n) or (n, low)) for n, low in lowered)
+
+    monkeypatch.setattr(compile_cache, "compile_in_background", spy)
+    draws, _ = _run()
+    warmup = ["step_size", "warmup", "window_end"]
+    assert len(names) == 5 and names[0] == "init"
+    if workers == 2:
+        assert names[1:4] == warmup and names[4] not in warmup
+    else:
+        assert names[2:] == warmup and names[1] not in warmup
+    np.testing.assert_array_equal(draws, first[0])
+
+
 def test_second_mcmc_object_lowers_none_of_its_programs(first, monkeypatch):
     # the programs compiled by a run are taken as they are by the next:
     # nothing is lowered again (compile_cache.lower hands back what was

@@ -1,13 +1,10 @@
 """A block kernel's run from the host: programs compiled in the background,
 warmup in chunks, then one block per call.
 
-:func:`lower_programs` lowers a run's programs one by one (the initial
-state, the step size search, the warmup loop, the Hessian window end, a
-block step per method); :class:`Programs` holds them
-by name, compiling side by side in threads
-(:func:`~numpyro_deer.infer.compile_cache.compile_in_background`), each
-compile started as soon as its program is lowered; each is waited for when
-first run, so warmup runs while the blocks still compile.
+:func:`lower_programs` lowers a run's programs one by one; :class:`Programs`
+holds them by name, each compiling in a thread as soon as it is lowered
+(:func:`~numpyro_deer.infer.compile_cache.compile_in_background`) and waited
+for when first run, so warmup runs while the blocks still compile.
 :func:`run_warmup` advances warmup in chunks sized for the progress bar;
 :func:`run_blocks` computes one block per call and, for ``method="auto"``,
 measures both methods (:func:`next_method`). The driver,
@@ -37,9 +34,8 @@ _STAGES = {
 }
 
 
-# the stages whose memory is checked like a block's (their vectorized chains
-# solved in groups where they do not fit): the Hessian holds ``16 D``
-# gradients' intermediates per chain at once
+# stages whose memory is checked like a block's (vectorized chains solved in
+# groups where they do not fit): the Hessian holds 16 D gradients per chain
 _PLANNED_STAGES = frozenset({"window_end"})
 
 
@@ -170,12 +166,9 @@ def block_methods(run: HostRun, state, trials: list[str]) -> list[str]:
     """The block programs a run lowers: none for a run without sampling
     steps, the kernel's method's, or for ``method="auto"`` measuring both
     (``trials``) the sequential scan's, and DEER's where a block follows the
-    first. A run of one block could use DEER only by waiting for its compile,
-    which ``"auto"`` never does, and tracing and lowering DEER's block (its
-    Newton solve, Jacobian and fallback) delays the run: on an H100, the
-    first ``mcmc.run`` of 1,024 chains of the Gym's eight schools (one
-    block) lowered it on the calling thread from 1.8 to 4.1 s, after every
-    program the run used had compiled."""
+    first: a run of one block could use DEER only by waiting for its compile,
+    which ``"auto"`` never does, and tracing DEER's block delays the run (on
+    an H100, 1.8 to 4.1 s of a first run of 1,024 chains of eight schools)."""
     if run.total == 0:
         return []
     if not trials:
@@ -186,39 +179,50 @@ def block_methods(run: HostRun, state, trials: list[str]) -> list[str]:
 
 
 def lower_programs(run: HostRun, state, collection, trace, methods, trial: bool):
-    """The programs of a run, lowered (traced to StableHLO) one by one:
-    yields ``(name, lowered)`` in the order the run needs them (a program an
-    earlier run compiled at the same signature is taken as it is:
-    :func:`~.compile_cache.lower`).
+    """A run's programs lowered one by one: ``(name, lowered)`` in the order
+    their compiles start (one an earlier run compiled at the same signature
+    is taken as it is: :func:`~.compile_cache.lower`).
 
-    ``"init"`` (the initial state, if ``run.init``), ``"step_size"`` and
-    ``"warmup"`` and ``"window_end"`` as the warmup plan needs them, then a
-    block step per name in ``methods``: by that method if ``trial``
-    (``method="auto"`` measuring both), else by the kernel's. The loop
-    counters are lowered from their shape (nothing is sent to the device).
+    ``"init"`` (if ``run.init``), ``"step_size"``, ``"warmup"`` and
+    ``"window_end"`` as the warmup plan needs them, then a block step per
+    name in ``methods``: by that method if ``trial`` (``method="auto"``
+    measuring both), else by the kernel's; the order the run needs them, and
+    to compile them in while they queue for fewer workers. The loop counters
+    are lowered from their shape. Where each program has a worker
+    (:func:`~.compile_cache.compile_workers`), the first block step, the
+    longest compile and the run's last, is lowered right after the initial
+    state instead (on an H100, eight schools' 1,024 chains compiled it from
+    1.8 to 3.3 s, the warmup's programs by 2.5 s).
     """
     zero = jax.ShapeDtypeStruct((), np.int32)
     plan, dynamic = run.plan, run.dynamic
     loop = run.fns(kernel_method(run.kernel))
-    if run.init is not None:
-        yield "init", compile_cache.lower(run.init.program, *run.init.arguments)
-    if plan.search and (run.init is not None or plan.stops):
-        use = jax.ShapeDtypeStruct(np.shape(state.i), bool)
-        yield "step_size", compile_cache.lower(loop.step_size, state, use, dynamic)
-    if plan.steps:
-        yield (
-            "warmup",
-            compile_cache.lower(
-                loop.warmup, state, collection, trace, zero, zero, run.start, dynamic
-            ),
-        )
-    if plan.stops:
-        yield "window_end", compile_cache.lower(loop.window_end, state, dynamic)
-    for name in methods:
+
+    def block(name):
         block_step = run.fns(name if trial else kernel_method(run.kernel)).block_step
         counters = (zero, zero, zero)
         args = (state, collection, zero, counters, zero, zero, run.start, dynamic)
-        yield name, compile_cache.lower(block_step, *args)
+        return compile_cache.lower(block_step, *args)
+
+    warmup = []
+    if plan.search and (run.init is not None or plan.stops):
+        use = jax.ShapeDtypeStruct(np.shape(state.i), bool)
+        warmup.append(("step_size", loop.step_size, (state, use, dynamic)))
+    if plan.steps:
+        args = (state, collection, trace, zero, zero, run.start, dynamic)
+        warmup.append(("warmup", loop.warmup, args))
+    if plan.stops:
+        warmup.append(("window_end", loop.window_end, (state, dynamic)))
+    count = (run.init is not None) + len(warmup) + len(methods)
+    early = list(methods[:1]) if compile_cache.compile_workers() >= count else []
+    if run.init is not None:
+        yield "init", compile_cache.lower(run.init.program, *run.init.arguments)
+    for name in early:
+        yield name, block(name)
+    for name, fun, args in warmup:
+        yield name, compile_cache.lower(fun, *args)
+    for name in methods[len(early) :]:
+        yield name, block(name)
 
 
 class WarmupPlan(NamedTuple):
