@@ -189,11 +189,15 @@ def test_auto_runs_of_one_block_lower_no_deer_block(accelerator):
                 assert not choice.final and choice.block_size == 32
                 assert set(choice.seconds) == {"sequential"}
                 assert int(mcmc.last_state.newton_iterations) == 0
+                if len(runs) == 1:
+                    sequential_seconds = choice.seconds["sequential"]
         draws[method] = np.concatenate(runs)
         if method == "auto":
             assert "deer" in lowered_names[-1]
             assert kernel.method_choice.final
             assert set(kernel.method_choice.seconds) == {"deer", "sequential"}
+            # the first run's time per sequential block, kept
+            assert kernel.method_choice.seconds["sequential"] == sequential_seconds
     assert draws["auto"].shape == (128,)
     np.testing.assert_allclose(draws["auto"], draws["sequential"], rtol=1e-6)
 
