@@ -15,7 +15,7 @@ import pytest
 
 from benchmarks.models import gaussian_mean_model
 from numpyro_deer import DEERMALA, MCMC
-from numpyro_deer.infer import compile_cache, driver, loops, lowering, numpyro_compat
+from numpyro_deer.infer import compile_cache, loops, lowering, numpyro_compat
 
 from .helpers import compile_log, gaussian_data
 
@@ -400,8 +400,7 @@ def test_initial_state_traced_once(monkeypatch):
     def config():
         return lowering._THREEFRY_KERNEL(True)
 
-    for module in (compile_cache, driver):
-        monkeypatch.setattr(module, "lowering_config", config)
+    monkeypatch.setattr(compile_cache, "lowering_config", config)
 
     def model(y):
         mu = numpyro.sample("mu", dist.Normal(0.0, 5.0))

@@ -192,6 +192,14 @@ def lower(fun: Callable, *args) -> Any:
     return lowered if key is None else _Kept(lowered, key)
 
 
+def eval_shape(fun: Callable, *args) -> Any:
+    """``fun``'s output shapes at ``args``, traced as :func:`lower` traces it
+    (under :func:`~.lowering.lowering_config`), so that lowering ``fun`` at
+    the same arguments later reuses this trace (JAX's trace cache)."""
+    with lowering_config():
+        return fun.eval_shape(*args)
+
+
 def signature(fun: Callable, args: tuple) -> Hashable | None:
     """What ``fun``'s program compiled at ``args`` depends on: the function,
     the arguments' tree, shapes, dtypes, weak types and placements (an

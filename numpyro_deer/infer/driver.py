@@ -57,7 +57,6 @@ from .host_run import (
     warmup_plan,
 )
 from .keys import chain_keys
-from .lowering import lowering_config
 from .method import device_choice
 from .progress import Progress
 from .protocol import is_block_kernel
@@ -278,8 +277,8 @@ class MCMC(numpyro.infer.MCMC):
             and kernel.mesh is None
             and not isinstance(rng_key, jax.core.Tracer)
         ):
-            with translate_tracer_errors(), lowering_config():
-                shapes, _ = init.program.eval_shape(*init.arguments)
+            with translate_tracer_errors():
+                shapes, _ = compile_cache.eval_shape(init.program, *init.arguments)
             return shapes, init
         if init_state is not None:
             return init_state, None
