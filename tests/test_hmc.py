@@ -9,6 +9,7 @@ tape for every Jacobian strategy and both gates.
 """
 
 import functools
+from dataclasses import replace
 
 import jax
 import jax.numpy as jnp
@@ -100,6 +101,31 @@ def test_leapfrog_is_reversible_and_its_energy_error_is_second_order():
     assert 3.0 < errors[0] / errors[1] < 5.0
 
 
+def _loops(fun, *args) -> int:
+    """``while`` loops in the lowered program of ``fun``."""
+    return jax.jit(fun).lower(*args).as_text().count("stablehlo.while")
+
+
+def test_unrolled_leapfrog_is_the_loop_written_out():
+    """``unroll=True`` writes a fixed count's steps out (no loop left in the
+    program) and computes the same trajectory; a traced count stays a loop."""
+    x = MU + jnp.asarray([1.0, -0.5, 0.8])
+    r = jnp.asarray([0.3, 1.2, -0.7])
+    m = MASSES["dense"]
+
+    def run(n, unroll):
+        return lambda x, r: leapfrog(
+            potential, x, jax.grad(potential)(x), r, 0.1, n, m, unroll
+        )
+
+    looped, unrolled = run(7, False), run(7, True)
+    assert _loops(looped, x, r) == 1
+    assert _loops(unrolled, x, r) == 0
+    for a, b in zip(jax.jit(looped)(x, r), jax.jit(unrolled)(x, r), strict=True):
+        assert_allclose(b, a, rtol=1e-13, atol=1e-13)
+    assert _loops(lambda x, r, n: run(n, True)(x, r), x, r, 7) == 1
+
+
 def test_tape_jitter_range_and_error():
     tape = HMC(jitter=0.2).make_tape(jax.random.PRNGKey(0), 500, D, jnp.float64)
     assert tape.noise.shape == (500, D) and tape.log_u.shape == (500,)
@@ -168,8 +194,11 @@ def test_deer_block_equals_sequential(strategy_name, gate_name):
     x0, tape, states, infos = _chain_setup()
     m = MASSES["diagonal"]
     gate = GATES[gate_name]
-    step_fn = make_step_fn(HMC_JITTERED, potential, STEP_SIZE, m, gate)
-    sequential = make_sequential_step(HMC_JITTERED, potential, STEP_SIZE, m, gate)
+    # the reference chain loops over the leapfrog steps; the solve's steps are
+    # written out where the strategy is the full Jacobian's
+    hmc = replace(HMC_JITTERED, unroll=strategy_name == "full")
+    step_fn = make_step_fn(hmc, potential, STEP_SIZE, m, gate)
+    sequential = make_sequential_step(hmc, potential, STEP_SIZE, m, gate)
     # tolerances well below the 1e-8 the test asserts
     solver = DEERSolver(
         STRATEGIES[strategy_name], atol=1e-11, rtol=1e-10, max_iter=64, sweep=4

@@ -93,8 +93,14 @@ def leapfrog(
     step_size: Array,
     num_steps: int,
     mass_sqrt: Array | None = None,
+    unroll: bool = False,
 ) -> tuple[Array, Array, Array, Array]:
     """``num_steps`` leapfrog steps from ``(x, r)`` with ``grad U(x)`` known.
+
+    With ``unroll`` and a Python ``int`` count the steps are written out, no
+    loop: on a GPU every iteration of a loop launches its kernels and waits
+    for the loop's condition on the host, and written-out steps of a cheap
+    potential fuse into few kernels. The same arithmetic either way.
 
     Returns:
         ``(y, U(y), grad U(y), r_L)``; one gradient evaluation per step.
@@ -111,7 +117,10 @@ def leapfrog(
     # like `x` (zeros_like, not zeros): inside shard_map the loop carry must
     # vary over the mesh axes as the state does
     potential0 = jnp.zeros_like(x[0])
-    return jax.lax.fori_loop(0, num_steps, body, (x, potential0, grad_x, momentum))
+    carry = (x, potential0, grad_x, momentum)
+    if unroll and isinstance(num_steps, int):
+        return jax.lax.fori_loop(0, num_steps, body, carry, unroll=True)
+    return jax.lax.fori_loop(0, num_steps, body, carry)
 
 
 def hmc_proposal_step(
@@ -124,15 +133,17 @@ def hmc_proposal_step(
     num_steps: int,
     mass_sqrt: Array | None = None,
     gate: Gate = HardGate(),
+    unroll: bool = False,
 ) -> tuple[Array, Array, Array, StepInfo]:
-    """One HMC transition from ``x`` whose potential and gradient are known.
+    """One HMC transition from ``x`` whose potential and gradient are known
+    (``unroll``: :func:`leapfrog`'s).
 
     Returns:
         ``(x_new, potential_new, grad_new, info)``.
     """
     eps = step_size * tape_t.step_scale
     y, potential_y, grad_y, r_end = leapfrog(
-        potential_fn, x, grad_x, tape_t.noise, eps, num_steps, mass_sqrt
+        potential_fn, x, grad_x, tape_t.noise, eps, num_steps, mass_sqrt, unroll
     )
     log_ratio = (
         potential_x
@@ -159,10 +170,13 @@ class HMC:
             Newton solver linearises.
         jitter: each transition's step size is ``eps`` times a factor drawn
             uniformly from ``[1 - jitter, 1 + jitter]`` (taped).
+        unroll: the leapfrog steps written out rather than looped
+            (:func:`leapfrog`), for accelerators: the same draws.
     """
 
     num_steps: int = 4
     jitter: float = 0.0
+    unroll: bool = False
 
     def __post_init__(self):
         num_steps, jitter = self.num_steps, self.jitter
@@ -188,6 +202,7 @@ class HMC:
         # NumPy scalars as Python numbers: a hashable, comparable transition
         object.__setattr__(self, "num_steps", int(num_steps))
         object.__setattr__(self, "jitter", float(jitter))
+        object.__setattr__(self, "unroll", bool(self.unroll))
 
     def make_tape(self, key: Array, num_steps: int, dim: int, dtype=None) -> HMCTape:
         return make_hmc_tape(key, num_steps, dim, dtype, self.jitter)
@@ -202,7 +217,14 @@ class HMC:
         gate: Gate = HardGate(),
     ) -> tuple[Carry, StepInfo]:
         x, potential_x, grad_x, info = hmc_proposal_step(
-            potential_fn, *carry, tape_t, step_size, self.num_steps, mass_sqrt, gate
+            potential_fn,
+            *carry,
+            tape_t,
+            step_size,
+            self.num_steps,
+            mass_sqrt,
+            gate,
+            self.unroll,
         )
         return (x, potential_x, grad_x), info
 
@@ -225,6 +247,7 @@ class TracedHMC(NamedTuple):
 
     num_steps: Array | None
     jitter: float
+    unroll: bool = False  # a traced count is looped
 
     make_tape = HMC.make_tape
     step = HMC.step

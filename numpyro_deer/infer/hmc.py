@@ -10,6 +10,7 @@ from numpyro.infer.initialization import init_to_uniform
 
 from ..core.hmc import HMC
 from ..core.newton import DEERSolver
+from .chains import on_cpu
 from .kernel import DEERKernel
 from .trajectory import INITIAL_NUM_STEPS
 
@@ -97,7 +98,11 @@ class DEERHMC(DEERKernel):
                 "steps per transition) or 'auto' (chosen at the end of warmup)."
             )
         super().__init__(
-            HMC(num_steps=INITIAL_NUM_STEPS if adapt else num_steps, jitter=jitter),
+            HMC(
+                num_steps=INITIAL_NUM_STEPS if adapt else num_steps,
+                jitter=jitter,
+                unroll=not on_cpu(),
+            ),
             model,
             potential_fn,
             step_size=step_size,
