@@ -31,7 +31,9 @@ gradient counts of ``benchmarks/race.py`` (``gradients``,
 ``critical_path_gradients``, ``scan_levels``), and ``max_abs_diff``: the
 largest ``|x_t - x_t^seq|`` over all draws and coordinates against the
 sequential row of the same setting (the same tape). Float32 unless ``--x64``.
-``--variants`` picks the DEER rows, ``--sweeps k ...`` runs each with
+``--looped-leapfrog`` keeps the banana's leapfrog loop where ``DEERHMC``
+writes its 8 steps out (on an accelerator). ``--variants`` picks the DEER
+rows, ``--sweeps k ...`` runs each with
 ``DEERSolver(sweep=k)`` (``--sweep-after n`` its hold-back): the sweep's
 sequential steps against the Newton iterations they save.
 
@@ -197,8 +199,19 @@ def _case_rows(
     return rows
 
 
+def looped(kernel):
+    """``kernel`` (a ``DEERHMC``) with its leapfrog loop kept where
+    ``DEERHMC`` writes the steps out (short fixed counts on an accelerator):
+    the comparison for ``numpyro_deer.infer.hmc.unrolls``."""
+    from dataclasses import replace
+
+    transition = replace(kernel.transition, unroll=False)
+    kernel._settings = replace(kernel._settings, transition=transition)
+    return kernel
+
+
 def banana_rows(
-    T: int, solver_options: dict, variants, sweeps, repeats: int = 1
+    T: int, solver_options: dict, variants, sweeps, repeats: int = 1, loop=False
 ) -> list[dict]:
     import jax
     import jax.numpy as jnp
@@ -209,11 +222,15 @@ def banana_rows(
     run_kwargs = {"init_params": x0.astype(jnp.result_type(float))}
 
     def kernel(method, solver):
-        return lambda: numpyro_deer.DEERHMC(
-            potential_fn=banana_potential, step_size=0.5, num_steps=8, jitter=0.0,
-            adapt_step_size=False, adapt_mass_matrix=False, block_size=T,
-            method=method, solver=solver,
-        )  # fmt: skip
+        def make():
+            k = numpyro_deer.DEERHMC(
+                potential_fn=banana_potential, step_size=0.5, num_steps=8,
+                jitter=0.0, adapt_step_size=False, adapt_mass_matrix=False,
+                block_size=T, method=method, solver=solver,
+            )  # fmt: skip
+            return looped(k) if loop else k
+
+        return make
 
     return _case_rows(
         "banana", kernel, 1, T, run_kwargs, solver_options, variants, sweeps, repeats
@@ -267,6 +284,11 @@ def main(argv=None) -> list[dict]:
         "--repeats", type=int, default=1,
         help="timed runs after the first (second s: their median)",
     )  # fmt: skip
+    parser.add_argument(
+        "--looped-leapfrog", action="store_true",
+        help="the banana's leapfrog loop kept (DEERHMC writes 8 steps out on an "
+        "accelerator): the comparison",
+    )  # fmt: skip
     parser.add_argument("--json", default=None, help="default results/paper_SIZE.json")
     ns = parser.parse_args(argv)
 
@@ -300,8 +322,9 @@ def main(argv=None) -> list[dict]:
 
     if "banana" in ns.cases:
         rows += banana_rows(
-            size["banana"], solver_options, ns.variants, sweeps, ns.repeats
-        )
+            size["banana"], solver_options, ns.variants, sweeps, ns.repeats,
+            loop=ns.looped_leapfrog,
+        )  # fmt: skip
         save()
     if "mala" in ns.cases:
         for T in size["mala"]:

@@ -189,7 +189,7 @@ CASES = {
         "--block-size",
         "16",
     ],
-    "paper.py": ["--size", "tiny", "--repeats", "2"],
+    "paper.py": ["--size", "tiny", "--repeats", "2", "--looped-leapfrog"],
     "dense_products.py": [
         "--dims",
         "2",
@@ -306,6 +306,20 @@ BENCH_ONLY = {
     "warmup_cost.py",
     "window_end.py",
 }
+
+
+def test_paper_looped_leapfrog_keeps_the_loop_deerhmc_writes_out(monkeypatch):
+    """``paper.py --looped-leapfrog`` compares against the loop: its kernel
+    keeps it where ``DEERHMC`` writes the banana's 8 steps out."""
+    import numpyro_deer.infer.hmc as hmc_module
+    from benchmarks.paper import banana_potential, looped
+    from numpyro_deer import DEERHMC
+
+    monkeypatch.setattr(hmc_module, "on_cpu", lambda: False)
+    kernel = DEERHMC(potential_fn=banana_potential, num_steps=8)
+    assert kernel.transition.unroll
+    assert not looped(kernel).transition.unroll
+    assert kernel.transition.num_steps == 8
 
 
 def test_every_benchmark_script_is_tested():

@@ -52,6 +52,23 @@ def test_deer_and_sequential_methods_give_the_same_chain(sequential_chain, jacob
     np.testing.assert_allclose(_chain("deer", jacobian), sequential_chain, atol=1e-8)
 
 
+def test_short_fixed_trajectories_are_written_out_on_accelerators(
+    sequential_chain, monkeypatch
+):
+    """On an accelerator a fixed count of at most 8 leapfrog steps is written
+    out (no loop), and the chain is the looped one's; longer or adapted
+    counts keep the loop, as every count does on the CPU."""
+    import numpyro_deer.infer.hmc as hmc_module
+
+    if jax.default_backend() == "cpu":
+        assert not DEERHMC(gaussian_mean_model, num_steps=3).transition.unroll
+    monkeypatch.setattr(hmc_module, "on_cpu", lambda: False)
+    assert DEERHMC(gaussian_mean_model, num_steps=8).transition.unroll
+    assert not DEERHMC(gaussian_mean_model, num_steps=9).transition.unroll
+    assert not DEERHMC(gaussian_mean_model).transition.unroll  # "auto"
+    np.testing.assert_allclose(_chain("deer"), sequential_chain, atol=1e-8)
+
+
 def test_posterior_matches_the_closed_form():
     """2,000 draws of a Gaussian mean (20 observations of 3.0, noise 1, prior
     N(0, 10^2)); tolerances are about 5 Monte Carlo standard errors."""
