@@ -172,9 +172,10 @@ def diagnose(samples: dict, max_values: int = MAX_VALUES) -> RunDiagnostics | No
         return None
     size = sum(int(np.prod(np.shape(v)[2:], dtype=int)) for v in arrays.values())
     keep = min(draws, MAX_DRAWS, max(MIN_DRAWS, max_values // max(chains * size, 1)))
-    index = np.unique(np.linspace(0, draws - 1, keep).round().astype(int))
+    # spaced by at least one (keep <= draws, kept <= chains): distinct
+    index = np.linspace(0, draws - 1, keep).round().astype(int)
     kept = min(chains, max(MIN_CHAINS, max_values // max(len(index) * size, 1)))
-    rows = np.unique(np.linspace(0, chains - 1, kept).round().astype(int))
+    rows = np.linspace(0, chains - 1, kept).round().astype(int)
     nested = chains >= NESTED_CHAINS
     ess_all, rhat_all, names = [], [], []
     for site, value in arrays.items():

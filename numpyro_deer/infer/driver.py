@@ -164,7 +164,8 @@ class MCMC(numpyro.infer.MCMC):
         self._chain_stats.append((int(blocks), int(failed), int(bits)))
 
     def _warn_failed_blocks(self, stats) -> None:
-        blocks, failed, bits = (int(s) for s in stats)
+        # one transfer from the device for the three counters
+        blocks, failed, bits = (int(s) for s in jax.device_get(tuple(stats)))
         if failed:
             kernel = self.sampler
             warn_unconverged(

@@ -278,7 +278,7 @@ def run_warmup(programs: Programs, progress: Progress, carry, run: HostRun):
         carry = programs(
             "warmup", *carry, i32(done), i32(done + chunk), run.start, dynamic
         )
-        postfix = warmup_postfix(carry[0])  # waits for the chunk
+        progress.postfix(warmup_postfix(carry[0]))  # waits for the chunk
         # untimed (0 s): next_chunk grows the chunk fourfold
         seconds = time.perf_counter() - tic if timed else 0.0
         last = chunk
@@ -288,7 +288,7 @@ def run_warmup(programs: Programs, progress: Progress, carry, run: HostRun):
             if plan.search:
                 state = programs("step_size", state, finite, dynamic)
             carry = (state, *carry[1:])
-        progress.advance(chunk, postfix)
+        progress.advance(chunk)
     return carry
 
 
@@ -343,9 +343,9 @@ def run_blocks(
             timings[name] = seconds
             if len(timings) == len(trials):
                 choose(measured_choice(timings, size))
-        progress.advance(
-            consumed, block_postfix(state, name, consumed * chains, seconds)
-        )
+        if progress.shows:  # the postfix's numbers wait for the device
+            progress.postfix(block_postfix(state, name, consumed * chains, seconds))
+        progress.advance(consumed)
     if trials and len(timings) < len(trials):
         choose(pending_choice(timings, size))
     check_progress(done, total, state, batched)

@@ -27,6 +27,7 @@ from numpyro.infer.util import initialize_model
 from numpyro.util import is_prng_key
 
 from .block import NUM_CURVATURE_POINTS, DEERState, empty_block
+from .chains import check_initial_potential
 from .checks import check_model, translate_tracer_errors
 
 
@@ -195,6 +196,16 @@ def check_initial_values(valid, message: Callable[[], str]) -> None:
         "init_strategy (100 tries) gave a finite potential energy and gradient. "
         + message()
     )
+
+
+def check_initial(valid, potential_energy, message: Callable[[], str]) -> None:
+    """:func:`check_initial_values` and
+    :func:`~numpyro_deer.infer.chains.check_initial_potential`, both from one
+    transfer from the device."""
+    if not isinstance(potential_energy, jax.core.Tracer):
+        valid, potential_energy = jax.device_get((valid, potential_energy))
+    check_initial_values(valid, message)
+    check_initial_potential(potential_energy)
 
 
 def initial_state(

@@ -29,11 +29,11 @@ from numpyro.util import identity
 from ..core.warmup_cost import gradients_per_transition
 from . import compile_cache, lowering
 from .block import emit_draw
-from .chains import check_initial_potential, float_params, map_chains, on_cpu
+from .chains import float_params, map_chains, on_cpu
 from .checks import translate_tracer_errors
 from .convergence import raise_unconverged, warn_unconverged
 from .hessian_mass import hessian_mass, hessian_window_ends, is_hessian_window_end
-from .initial import check_initial_values, initial_state
+from .initial import check_initial, initial_state
 from .refill import refill_chains
 from .settings import KernelSettings
 from .trajectory import choose_num_steps
@@ -191,11 +191,10 @@ class BlockProgram:
             ValueError: a chain's initial potential energy is not finite.
         """
         state, valid = output
-        check_initial_values(valid, self.sites_message)
+        check_initial(valid, state.potential_energy, self.sites_message)
         mesh = self.settings.mesh
         if mesh is not None:
             state = mesh.place(state, chains=jnp.ndim(state.i) > 0)
-        check_initial_potential(state.potential_energy)
         return state
 
     def step_size(self, state, use, args, kwargs, batched: bool = False):

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import time
 
+import jax
 import numpy as np
 import tqdm.auto
 
@@ -60,8 +61,15 @@ class Progress:
         # the time spent compiling is not part of the rate
         self._bar.last_print_t = time.time()
 
-    def advance(self, draws: int, postfix: str) -> None:
-        self._bar.set_postfix_str(postfix, refresh=False)
+    @property
+    def shows(self) -> bool:
+        """Whether the bar shows (else its postfix need not be computed)."""
+        return not self._bar.disable
+
+    def postfix(self, text: str) -> None:
+        self._bar.set_postfix_str(text, refresh=False)
+
+    def advance(self, draws: int) -> None:
         self._bar.update(draws)
 
 
@@ -77,15 +85,23 @@ def next_chunk(done: int, remaining: int, seconds: float, last: int) -> int:
 
 
 def warmup_postfix(state) -> str:
-    step_size = float(np.mean(np.asarray(state.adapt_state.step_size)))
-    accept = float(np.mean(np.asarray(state.mean_accept_prob)))
-    return f"step size {step_size:.3g}, acc. {accept:.2f}"
+    return _postfix(
+        *jax.device_get((state.adapt_state.step_size, state.mean_accept_prob))
+    )
+
+
+def _postfix(step_size, accept) -> str:
+    return f"step size {np.mean(step_size):.3g}, acc. {np.mean(accept):.2f}"
 
 
 def block_postfix(state, method: str, draws: int, seconds: float) -> str:
-    parts = [method, warmup_postfix(state)]
-    if method == "deer":
-        its = int(np.max(np.asarray(state.block.info.iterations)))
-        parts.append(f"{its} Newton its")
+    # one transfer from the device
+    its = state.block.info.iterations if method == "deer" else None
+    step_size, accept, its = jax.device_get(
+        (state.adapt_state.step_size, state.mean_accept_prob, its)
+    )
+    parts = [method, _postfix(step_size, accept)]
+    if its is not None:
+        parts.append(f"{int(np.max(its))} Newton its")
     parts.append(f"{draws / max(seconds, 1e-9):,.0f} draws/s")
     return ", ".join(parts)
