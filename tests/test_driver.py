@@ -281,11 +281,22 @@ def test_normal_posterior_mean_and_std(warm_driver):
     np.testing.assert_allclose(np.std(draws), precision**-0.5, rtol=0.07)
 
 
-def test_progress_bar_gives_the_same_draws():
+def test_progress_bar_gives_the_same_draws(monkeypatch):
+    """The same draws with the bar and without; without it the blocks' postfix
+    (values fetched from the device) is not computed."""
     # the stock comparison's settings (thinning 3, blocks of 64): its compiled
     # programs serve both runs
+    from numpyro_deer.infer import host_run
+
+    postfixes = []
+    block_postfix = host_run.block_postfix
+    monkeypatch.setattr(
+        host_run,
+        "block_postfix",
+        lambda *a: postfixes.append(a[1]) or block_postfix(*a),
+    )
     args, kwargs = gaussian_data(1.0)
-    draws = []
+    draws, counts = [], []
     for bar in (False, True):
         mcmc = _driver(STOCK_RUN_CONFIG["block_size"], **STOCK_RUN_CONFIG["mcmc"])
         mcmc.progress_bar = bar  # MCMC turns it off when CI is set
@@ -296,8 +307,10 @@ def test_progress_bar_gives_the_same_draws():
             extra_fields=STOCK_RUN_CONFIG["extra"],
         )
         draws.append(mcmc.get_samples()["mu"])
+        counts.append(len(postfixes))
     assert draws[0].shape == (128,)
     np.testing.assert_allclose(draws[0], draws[1], rtol=1e-10)
+    assert counts[0] == 0 and counts[1] >= 1  # a postfix per block with the bar
 
 
 @pytest.mark.parametrize("jit_model_args", [False, True])
