@@ -320,8 +320,8 @@ def run_blocks(
     size = loops.buffer_size(state, batched)
     timings = measured_before(kernel.method_choice, size) if trials else {}
     limit = int(loops.max_block_steps(total, size))
-    steps = 0
-    while int(done) < total and steps < limit:
+    steps = count = 0  # count: int(done), read after each block
+    while count < total and steps < limit:
         name = next_method(trials, timings, programs, kernel)
         args = (state, collection, done, stats, n_offset, last, run.start, run.dynamic)
         try:
@@ -333,10 +333,10 @@ def run_blocks(
             trials, name = [], "sequential"
         if steps == 0:
             progress.running("sample")
-        before = int(done)
-        tic = time.perf_counter()
+        before, tic = count, time.perf_counter()
         state, collection, done, stats = programs(name, *args)
-        consumed = int(done) - before  # waits for the block
+        count = int(done)  # waits for the block
+        consumed = count - before
         seconds = time.perf_counter() - tic
         steps += 1
         if name in trials and name not in timings:
