@@ -29,8 +29,8 @@ def unrolls(num_steps: int | str) -> bool:
     cheap potential fuse. On one H100 the banana chain of Zoltowski et al.
     (100,000 transitions of 8 steps, DEER's full Jacobian, 39 Newton
     iterations either way, the same draws) took 42-44 ms instead of 56-57 ms
-    (``benchmarks/paper.py``), its first run as long within the spread
-    between runs. Each written-out step is traced and compiled anew in every
+    (``benchmarks/paper.py``, whose ``--looped-leapfrog`` keeps the loop), its
+    first run as long within the spread between runs. Each written-out step is traced and compiled anew in every
     program, so longer trajectories keep the loop, and so does
     ``num_steps="auto"`` (warmup's count and the chosen one are not measured
     written out). On a CPU the loop was the faster (1.2 times on the banana's
