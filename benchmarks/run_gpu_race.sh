@@ -13,6 +13,8 @@
 #                                           # and sequential HMC on the GPU,
 #                                           # NUTS on the CPU cores, TARGETS
 #   bash benchmarks/run_gpu_race.sh sweeps  # paper.py's banana by sweep
+#   bash benchmarks/run_gpu_race.sh unroll  # paper.py's banana, its leapfrog
+#                                           # steps written out and looped
 #   bash benchmarks/run_gpu_race.sh irt     # item response theory by metric
 #   TARGETS="..." bash benchmarks/run_gpu_race.sh metric  # DEERHMC's default
 #                                           # metric ("auto": the Hessian up to
@@ -34,7 +36,9 @@
 #   bash benchmarks/run_gpu_race.sh phases  # first_run_phases.py, then the
 #                                           # Gym's two targets: NUTS on the
 #                                           # CPU cores, DEER rows in one call
-# BlackJAX (ChEES, MEADS, adjusted MCLMC) must be importable; the image's JAX
+# BlackJAX (ChEES, MEADS, adjusted MCLMC) and the Inference Gym must be
+# importable (benchmarks/requirements-race.txt: where there is no network,
+# carry those wheels, dm-tree, gast and decorator included); the image's JAX
 # and NumPyro are used as they are.
 set -uo pipefail
 out="${OUT:-benchmarks/results}"
@@ -72,6 +76,15 @@ auto)
     targets="${TARGETS:-gym_eight_schools gym_brownian_motion_missing_middle gym_synthetic_irt gym_ill_conditioned_gaussian}"
     timeout 120 python3 benchmarks/race.py --platform cpu --quick --targets $targets --samplers nuts_diag:16 --budget-seconds 10 --grace-seconds 30 --out "$out/race_cpu_nuts"
     timeout 330 python3 benchmarks/race.py --platform gpu --quick --targets $targets --samplers ${SAMPLERS:-deerhmc_auto:256,1024 hmc_seq:1024} --budget-seconds 10 --grace-seconds 30 --out "$out/race_gpu_auto"
+    ;;
+unroll)
+    # DEERHMC writes a fixed count of at most 8 leapfrog steps out on a GPU;
+    # the same banana rows with the loop kept, alternated
+    i=0
+    for looped in --looped-leapfrog "" --looped-leapfrog ""; do
+        i=$((i + 1))
+        timeout 140 python3 benchmarks/paper.py --platform gpu --size full --cases banana --variants deer_full --repeats 5 $looped --json "$out/paper_banana_unroll_$i${looped:+_looped}.json"
+    done
     ;;
 sweeps)
     # the sweep's cost per Newton iteration where a step is launch-bound
