@@ -100,7 +100,8 @@ def leapfrog(
     With ``unroll`` and a Python ``int`` count the steps are written out, no
     loop: on a GPU every iteration of a loop launches its kernels and waits
     for the loop's condition on the host, and written-out steps of a cheap
-    potential fuse into few kernels. The same arithmetic either way.
+    potential fuse into few kernels. The same arithmetic either way (the
+    compiler may round it differently).
 
     Returns:
         ``(y, U(y), grad U(y), r_L)``; one gradient evaluation per step.
@@ -171,7 +172,7 @@ class HMC:
         jitter: each transition's step size is ``eps`` times a factor drawn
             uniformly from ``[1 - jitter, 1 + jitter]`` (taped).
         unroll: the leapfrog steps written out rather than looped
-            (:func:`leapfrog`), for accelerators: the same draws.
+            (:func:`leapfrog`), for accelerators: the same arithmetic.
     """
 
     num_steps: int = 4

@@ -6,7 +6,9 @@ collected draws of every latent site are checked once, and a
 
 * the smallest **bulk effective sample size** of a scalar component is below
   400 (Vehtari et al., 2021: the ESS of the rank-normalised, split chains;
-  400 in all, 100 per chain for the 4 chains they recommend), or
+  400 in all, 100 per chain for the 4 chains they recommend; at most
+  :math:`S \log_{10} S` of ``S`` draws, as Stan and ArviZ bound it, which
+  keeps antithetic chains from a negative estimate), or
 * the chains **disagree**: the rank-normalised R-hat exceeds 1.01. With
   fewer than 8 chains this is the split R-hat of Vehtari et al. (2021). With
   8 chains or more it is the nested R-hat of Margossian et al. (2024) over 4
@@ -153,9 +155,20 @@ def _check_batch(x: np.ndarray, nested: bool) -> tuple[np.ndarray, np.ndarray]:
     half = z.shape[1] // 2
     split = np.concatenate([z[:, :half], z[:, -half:]], axis=0)
     with np.errstate(divide="ignore", invalid="ignore"):
-        ess = effective_sample_size(split)
+        ess = bounded_ess(effective_sample_size(split), split.shape[0] * half)
         rhat = nested_rhat(z) if nested else split_gelman_rubin(z)
-    return np.asarray(ess, float), np.asarray(rhat, float)
+    return ess, np.asarray(rhat, float)
+
+
+def bounded_ess(ess, size: int) -> np.ndarray:
+    r"""NumPyro's ESS estimate ``size / tau`` of ``size`` draws with the
+    autocorrelation time bounded below as Stan and ArviZ bound it,
+    :math:`\tau \ge 1 / \log_{10} S`: at most :math:`S \log_{10} S`.
+    Without the bound, antithetic chains (negative autocorrelations, as HMC
+    with a fixed trajectory gives) can sum to :math:`\tau < 0`, a negative
+    ESS that would read as no effective draws."""
+    tau = size / np.asarray(ess, float)
+    return size / np.maximum(tau, 1 / np.log10(size))
 
 
 def diagnose(samples: dict, max_values: int = MAX_VALUES) -> RunDiagnostics | None:
