@@ -307,16 +307,21 @@ def machine_info() -> dict:
 
 # -------------------------------------------------------------------- ESS
 def _ess_components(x: np.ndarray, max_elements: int) -> np.ndarray:
-    """ESS of each trailing component of ``x`` (chains, draws, K), in chunks."""
+    """ESS of each trailing component of ``x`` (chains, draws, K), in chunks,
+    bounded at ``S log10 S`` of ``S`` draws as Stan and ArviZ bound it
+    (``numpyro_deer.infer.diagnostics.bounded_ess``: never negative)."""
     num_chains, num_draws, k = x.shape
     chunk = max(1, max_elements // max(1, num_chains * num_draws))
     from numpyro.diagnostics import effective_sample_size
+
+    from numpyro_deer.infer.diagnostics import bounded_ess
 
     out = []
     for start in range(0, k, chunk):
         part = np.asarray(x[:, :, start : start + chunk], dtype=np.float64)
         with np.errstate(invalid="ignore", divide="ignore"):
-            out.append(np.asarray(effective_sample_size(part), dtype=np.float64))
+            ess = effective_sample_size(part)
+            out.append(bounded_ess(ess, num_chains * num_draws))
     return np.concatenate(out) if out else np.zeros((0,))
 
 
@@ -340,7 +345,7 @@ def _ess_device_chunk(x):
 
     The same estimator step for step (FFT autocovariance, Stan's combination
     of chains, Geyer's initial monotone sequence), in the input's precision, on
-    the default device.
+    the default device, and the same bound as :func:`_ess_components`.
     """
     num_chains, num_draws = x.shape[:2]
     size = 2 * _next_fast_len(num_draws)
@@ -359,6 +364,8 @@ def _ess_device_chunk(x):
     pairs = rho[:-1:2] + rho[1::2]
     monotone = jax.lax.cummin(jnp.clip(pairs[1:], 0.0, None), axis=0)
     tau = -1.0 + 2.0 * (pairs[0] + monotone.sum(axis=0))
+    # bounded as _ess_components' (bounded_ess): never negative
+    tau = jnp.maximum(tau, 1.0 / jnp.log10(num_chains * num_draws))
     return num_chains * num_draws / tau
 
 

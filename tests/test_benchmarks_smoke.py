@@ -322,6 +322,30 @@ def test_paper_looped_leapfrog_keeps_the_loop_deerhmc_writes_out(monkeypatch):
     assert kernel.transition.num_steps == 8
 
 
+@pytest.mark.parametrize("backend", ["numpyro", "jax"])
+def test_min_ess_of_antithetic_chains_is_bounded_not_negative(backend):
+    """The benchmarks' ESS bounds the autocorrelation time as the package's
+    check does: an antithetic AR(1) chain (coefficient -0.9) gets ``S log10
+    S``, not NumPyro's negative estimate; a positively correlated one keeps
+    NumPyro's (coefficient 0.9: about S / 19)."""
+    from numpyro.diagnostics import effective_sample_size
+
+    from benchmarks.common import min_ess
+
+    rng = np.random.default_rng(2)
+    size = 4000
+    x = np.zeros((2, 2, size))
+    noise = rng.standard_normal((2, 2, size))
+    for t in range(1, size):
+        x[:, :, t] = np.array([[-0.9], [0.9]]) * x[:, :, t - 1] + noise[:, :, t]
+    anti, slow = x[0][..., None], x[1][..., None]  # (chains, draws, 1)
+    got = min_ess({"a": anti}, backend=backend)["min_ess"]
+    assert got == pytest.approx(2 * size * np.log10(2 * size), rel=1e-4)
+    got = min_ess({"a": slow}, backend=backend)["min_ess"]
+    assert got == pytest.approx(float(effective_sample_size(slow)[0]), rel=1e-3)
+    assert 200 < got < 2 * size / 10
+
+
 def test_every_benchmark_script_is_tested():
     scripts = {p.name for p in BENCHMARKS.glob("*.py")} - HELPERS - TESTED_ELSEWHERE
     assert scripts == set(CASES)
