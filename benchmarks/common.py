@@ -345,7 +345,7 @@ def _ess_device_chunk(x):
 
     The same estimator step for step (FFT autocovariance, Stan's combination
     of chains, Geyer's initial monotone sequence), in the input's precision, on
-    the default device, and the same bound as :func:`_ess_components`.
+    the default device (unbounded: :func:`_ess_components_device` bounds it).
     """
     num_chains, num_draws = x.shape[:2]
     size = 2 * _next_fast_len(num_draws)
@@ -364,18 +364,21 @@ def _ess_device_chunk(x):
     pairs = rho[:-1:2] + rho[1::2]
     monotone = jax.lax.cummin(jnp.clip(pairs[1:], 0.0, None), axis=0)
     tau = -1.0 + 2.0 * (pairs[0] + monotone.sum(axis=0))
-    # bounded as _ess_components' (bounded_ess): never negative
-    tau = jnp.maximum(tau, 1.0 / jnp.log10(num_chains * num_draws))
     return num_chains * num_draws / tau
 
 
 def _ess_components_device(x: np.ndarray, max_elements: int) -> np.ndarray:
+    """:func:`_ess_components` on the default device, bounded alike."""
+    from numpyro_deer.infer.diagnostics import bounded_ess
+
     num_chains, num_draws, k = x.shape
     chunk = max(1, max_elements // max(1, num_chains * num_draws))
     out = []
     for start in range(0, k, chunk):
         part = jnp.asarray(x[:, :, start : start + chunk])
-        out.append(np.asarray(_ess_device_chunk(part), dtype=np.float64))
+        ess = np.asarray(_ess_device_chunk(part), dtype=np.float64)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            out.append(bounded_ess(ess, num_chains * num_draws))
     return np.concatenate(out) if out else np.zeros((0,))
 
 
