@@ -3,6 +3,7 @@ the compiled warmup, block and init functions (counted through
 ``jax.monitoring``'s backend-compile events, by function name)."""
 
 import contextlib
+import gc
 import threading
 import time
 from collections import Counter
@@ -391,6 +392,36 @@ def test_background_compiles_run_at_most_the_workers_at_once(monkeypatch):
     )
     assert [f.result(timeout=10) for f in futures.values()] == ["compiled"] * 6
     assert most[0] == 2
+
+
+def test_the_collector_is_paused_while_programs_are_lowered():
+    seen = []
+
+    def programs():
+        seen.append(gc.isenabled())
+        yield "double", jax.jit(lambda x: 2 * x).lower(1.0)
+        seen.append(gc.isenabled())
+
+    assert gc.isenabled()
+    futures = compile_cache.compile_in_background(programs())
+    assert seen == [False, False]
+    assert gc.isenabled()
+    assert futures["double"].result(timeout=30)(3.0) == 6.0
+    # left as it was: a caller that paused it finds it paused
+    gc.disable()
+    try:
+        compile_cache.compile_in_background(programs())
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
+
+    def failing():
+        yield from ()
+        raise RuntimeError("lowering failed")
+
+    with pytest.raises(RuntimeError, match="lowering failed"):
+        compile_cache.compile_in_background(failing())
+    assert gc.isenabled()
 
 
 def test_initial_state_traced_once(monkeypatch):
