@@ -33,6 +33,10 @@
 #                                           # wait with the Hessian metric
 #   bash benchmarks/run_gpu_race.sh jacobian  # jacobian_dim.py on the GPU
 #   bash benchmarks/run_gpu_race.sh numpyro020  # NUTS x256 with NumPyro 0.20
+#   bash benchmarks/run_gpu_race.sh xla_parallel  # XLA's LLVM module
+#                                           # compiled on every core against
+#                                           # its default: the race, and first
+#                                           # calls' timelines (7 files)
 #   bash benchmarks/run_gpu_race.sh phases  # first_run_phases.py, then the
 #                                           # Gym's two targets: NUTS on the
 #                                           # CPU cores, DEER rows in one call
@@ -113,6 +117,25 @@ metric)
     timeout 120 python3 benchmarks/race.py --platform cpu --quick --targets $targets --samplers nuts_diag:16 --budget-seconds "$budget" --grace-seconds 15 --out "$out/race_cpu_nuts_metric"
     timeout 220 python3 benchmarks/race.py --platform gpu --quick --targets $targets --samplers ${SAMPLERS:-deerhmc_auto:256,1024} --budget-seconds "$budget" --grace-seconds 15 --out "$out/race_gpu_auto_metric"
     timeout 220 python3 benchmarks/race.py --platform gpu --quick --deer-mass true --targets $targets --samplers ${SAMPLERS:-deerhmc_auto:256,1024} --budget-seconds "$budget" --grace-seconds 15 --out "$out/race_gpu_auto_diag"
+    ;;
+xla_parallel)
+    # a first call compiles its programs side by side, but XLA compiles each
+    # on one thread unless its LLVM module is split: the same rows with and
+    # without, through XLA_FLAGS (the package sets neither option); at most
+    # about 9 minutes
+    par="--xla_gpu_enable_llvm_module_compilation_parallelism=true --xla_gpu_force_compilation_parallelism=$(nproc)"
+    targets="${TARGETS:-gym_eight_schools gym_brownian_motion_missing_middle}"
+    timeout 100 python3 benchmarks/race.py --platform cpu --quick --targets $targets --samplers nuts_diag:16 --budget-seconds 10 --grace-seconds 15 --out "$out/race_cpu_nuts_xla"
+    for model in gym_eight_schools:1024 logistic_regression_large:256; do
+        for flags in "" "$par"; do
+            tag=${flags:+llvm_parallel}
+            XLA_FLAGS="$flags" timeout 90 python3 benchmarks/first_run_phases.py --platform gpu --one-call --models ${model%:*} --chains ${model#*:} --block-size 512 --blocks 1 --json "$out/first_run_xla_${model%:*}_${tag:-default}.json"
+        done
+    done
+    for flags in "" "$par"; do
+        tag=${flags:+llvm_parallel}
+        XLA_FLAGS="$flags" timeout 100 python3 benchmarks/race.py --platform gpu --quick --targets $targets --samplers ${SAMPLERS:-deerhmc_auto:1024} --budget-seconds 10 --grace-seconds 15 --out "$out/race_gpu_xla_${tag:-default}"
+    done
     ;;
 phases)
     # where a first call waits, then the race rows whose first segment holds
