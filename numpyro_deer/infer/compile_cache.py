@@ -290,12 +290,15 @@ def collector_paused() -> Iterator[None]:
 
     Tracing and lowering a run's programs allocate objects by the hundred
     thousand, and the collector's passes over a large heap (an application's
-    imports, JAX's caches) take tenths of a second on the calling thread,
-    while the later programs wait to be lowered. On 2 CPU cores, lowering
-    the five programs of a first run of 1,024 chains of the Inference Gym's
-    eight schools (the Gym imported) took 1.24-1.50 s paused against
-    1.56-1.71 s (``docs/performance.md``). Nothing is left uncollected: the
-    collector runs again afterwards.
+    imports, JAX's caches) hold the calling thread while the later programs
+    wait to be lowered; with JAX's persistent compilation cache that
+    lowering is most of a first call. On 2 CPU cores, with the Inference
+    Gym imported (``docs/performance.md``, alternated processes): a first
+    run of 1,024 chains of the Gym's eight schools had lowered its programs
+    1.56 s after it started against 1.96 s (medians of five), and a first
+    call of 4 chains with every program in the persistent cache took 1.20 s
+    against 1.27 s (medians of six). Nothing is left uncollected: the
+    collector runs again after.
     """
     enabled = gc.isenabled()
     gc.disable()
@@ -318,29 +321,37 @@ def compile_in_background(lowered: Iterable[tuple[str, Any]]) -> dict[str, Futur
     runs each as soon as its own compile is done (warmup runs while the
     blocks still compile). A program still compiling for an earlier call (the
     same lowered computation: JAX caches the lowering of a jitted function) is
-    not compiled twice: its future is returned. The threads are not daemons: a
-    process that ends while a compile is under way waits for it.
+    not compiled twice: its future is returned. Python's collector is
+    paused while ``lowered`` is lowered (:func:`collector_paused`). The
+    threads are not daemons: a process that ends while a compile is under
+    way waits for it.
     """
     pool = ThreadPoolExecutor(max_workers=compile_workers())
     futures = {}
     try:
         with collector_paused():
             for name, low in lowered:
-                if isinstance(low, _Compiled):  # compiled by an earlier run
-                    futures[name] = Future()
-                    futures[name].set_result(low.compile())
-                    continue
-                computation = getattr(low, "_lowering", None)
-                under_way = _UNDER_WAY.get(id(computation))
-                if under_way is not None and under_way[0] is computation:
-                    futures[name] = under_way[1]
-                    continue
-                future = pool.submit(low.compile)
-                if computation is not None:
-                    key = id(computation)
-                    _UNDER_WAY[key] = (computation, future)
-                    future.add_done_callback(lambda _, key=key: _UNDER_WAY.pop(key, None))
-                futures[name] = future
+                futures[name] = _compile_once(low, pool)
     finally:
         pool.shutdown(wait=False)
     return futures
+
+
+def _compile_once(low, pool: ThreadPoolExecutor) -> Future:
+    """``low``'s compile in ``pool``; done at once for a program an earlier
+    run compiled, and the same future for a computation whose compile is
+    under way."""
+    if isinstance(low, _Compiled):
+        future = Future()
+        future.set_result(low.compile())
+        return future
+    computation = getattr(low, "_lowering", None)
+    under_way = _UNDER_WAY.get(id(computation))
+    if under_way is not None and under_way[0] is computation:
+        return under_way[1]
+    future = pool.submit(low.compile)
+    if computation is not None:
+        key = id(computation)
+        _UNDER_WAY[key] = (computation, future)
+        future.add_done_callback(lambda _, key=key: _UNDER_WAY.pop(key, None))
+    return future
