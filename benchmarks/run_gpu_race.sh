@@ -33,12 +33,6 @@
 #                                           # wait with the Hessian metric
 #   bash benchmarks/run_gpu_race.sh jacobian  # jacobian_dim.py on the GPU
 #   bash benchmarks/run_gpu_race.sh numpyro020  # NUTS x256 with NumPyro 0.20
-#   bash benchmarks/run_gpu_race.sh xla_parallel  # XLA's LLVM module
-#                                           # compiled on every core against
-#                                           # its default: the race, and a
-#                                           # first call's timeline
-#   bash benchmarks/run_gpu_race.sh xla_parallel_large  # the same, the
-#                                           # D = 100 regression's first call
 #   bash benchmarks/run_gpu_race.sh phases  # first_run_phases.py, then the
 #                                           # Gym's two targets: NUTS on the
 #                                           # CPU cores, DEER rows in one call
@@ -52,8 +46,6 @@ out="${OUT:-benchmarks/results}"
 export XLA_PYTHON_CLIENT_PREALLOCATE=false
 export PYTHONUNBUFFERED=1 PYTHONPATH="${PYTHONPATH:+$PYTHONPATH:}."
 python3 -c 'import jax, numpyro; print("jax", jax.__version__, "numpyro", numpyro.__version__, jax.devices())'
-# XLA's LLVM module split over the host's cores (xla_parallel sections)
-XLA_PARALLEL="--xla_gpu_enable_llvm_module_compilation_parallelism=true --xla_gpu_force_compilation_parallelism=$(nproc)"
 case "${1:-paper}" in
 paper)
     timeout 300 python3 benchmarks/paper.py --platform gpu --size full --cases banana --json "$out/paper_banana_gpu.json"
@@ -121,28 +113,6 @@ metric)
     timeout 120 python3 benchmarks/race.py --platform cpu --quick --targets $targets --samplers nuts_diag:16 --budget-seconds "$budget" --grace-seconds 15 --out "$out/race_cpu_nuts_metric"
     timeout 220 python3 benchmarks/race.py --platform gpu --quick --targets $targets --samplers ${SAMPLERS:-deerhmc_auto:256,1024} --budget-seconds "$budget" --grace-seconds 15 --out "$out/race_gpu_auto_metric"
     timeout 220 python3 benchmarks/race.py --platform gpu --quick --deer-mass true --targets $targets --samplers ${SAMPLERS:-deerhmc_auto:256,1024} --budget-seconds "$budget" --grace-seconds 15 --out "$out/race_gpu_auto_diag"
-    ;;
-xla_parallel)
-    # a first call compiles its programs side by side, but XLA compiles each
-    # on one thread unless its LLVM module is split: the same rows with and
-    # without, through XLA_FLAGS (the package sets neither option); the four
-    # targets where NUTS on the CPU cores reached 0.01 first or within 1 s
-    # of DEERHMC; at most about 9 minutes. ``xla_parallel_large``: the first
-    # call of the D = 100 regression (256 chains) both ways.
-    targets="${TARGETS:-gym_eight_schools gym_brownian_motion_missing_middle ill_conditioned_gaussian logistic_regression}"
-    timeout 130 python3 benchmarks/race.py --platform cpu --quick --targets $targets --samplers nuts_diag:16 --budget-seconds 10 --grace-seconds 15 --out "$out/race_cpu_nuts_xla"
-    for flags in "" "$XLA_PARALLEL"; do
-        tag=${flags:+llvm_parallel}
-        XLA_FLAGS="$flags" timeout 40 python3 benchmarks/first_run_phases.py --platform gpu --one-call --models gym_eight_schools --chains 1024 --block-size 512 --blocks 1 --json "$out/first_run_xla_${tag:-default}.json"
-        XLA_FLAGS="$flags" timeout 130 python3 benchmarks/race.py --platform gpu --quick --targets $targets --samplers ${SAMPLERS:-deerhmc_auto:1024} --budget-seconds 10 --grace-seconds 15 --out "$out/race_gpu_xla_${tag:-default}"
-    done
-    ;;
-xla_parallel_large)
-    for flags in "" "$XLA_PARALLEL" "" "$XLA_PARALLEL"; do
-        tag=${flags:+llvm_parallel}
-        i=$((${i:-0} + 1))
-        XLA_FLAGS="$flags" timeout 140 python3 benchmarks/first_run_phases.py --platform gpu --one-call --models logistic_regression_large --chains 256 --block-size 512 --blocks 1 --json "$out/first_run_xla_large_${tag:-default}_$i.json"
-    done
     ;;
 phases)
     # where a first call waits, then the race rows whose first segment holds
