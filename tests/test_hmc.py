@@ -194,8 +194,8 @@ def test_deer_block_equals_sequential(strategy_name, gate_name):
     x0, tape, states, infos = _chain_setup()
     m = MASSES["diagonal"]
     gate = GATES[gate_name]
-    # the reference chain loops over the leapfrog steps; the solve's steps are
-    # written out where the strategy is the full Jacobian's
+    # with the full Jacobian the leapfrog steps are written out, in the solve
+    # and in its sequential reference alike (the same tape, the same step)
     hmc = replace(HMC_JITTERED, unroll=strategy_name == "full")
     step_fn = make_step_fn(hmc, potential, STEP_SIZE, m, gate)
     sequential = make_sequential_step(hmc, potential, STEP_SIZE, m, gate)
